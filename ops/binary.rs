@@ -1,0 +1,107 @@
+//! Broadcasting binary arithmetic: add, sub, mul, div. Each backward returns
+//! gradients in the broadcast output shape; the tape sums them back.
+
+use super::util::{broadcast_zip, zip3};
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::op::Op;
+use crate::tape::{Tape, Var};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+struct Binary(Kind);
+
+impl<T: Element> Op<T> for Binary {
+    /// add/sub save nothing; mul/div save both inputs.
+    type State = Option<(Tensor<T>, Tensor<T>)>;
+
+    fn name(&self) -> &'static str {
+        match self.0 {
+            Kind::Add => "add",
+            Kind::Sub => "sub",
+            Kind::Mul => "mul",
+            Kind::Div => "div",
+        }
+    }
+
+    fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Self::State)> {
+        let name = <Self as Op<T>>::name(self);
+        let (a, b) = (x[0], x[1]);
+        let (y, keep) = match self.0 {
+            Kind::Add => (broadcast_zip(name, a, b, |p, q| p + q)?, false),
+            Kind::Sub => (broadcast_zip(name, a, b, |p, q| p - q)?, false),
+            Kind::Mul => (broadcast_zip(name, a, b, |p, q| p * q)?, true),
+            Kind::Div => (broadcast_zip(name, a, b, |p, q| p / q)?, true),
+        };
+        Ok((y, keep.then(|| (a.clone(), b.clone()))))
+    }
+
+    /// d(a+b) = (g, g); d(a-b) = (g, -g); d(ab) = (g b, g a);
+    /// d(a/b) = (g / b, -g a / b^2).
+    fn backward(
+        &self,
+        s: &Self::State,
+        g: &Tensor<T>,
+        needs: &[bool],
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        let name = <Self as Op<T>>::name(self);
+        let neg = || super::util::map(g, |v| -v);
+        let bz = |t: &Tensor<T>, f: fn(T::Acc, T::Acc) -> T::Acc| broadcast_zip(name, g, t, f);
+        Ok(match (self.0, s) {
+            (Kind::Add, _) => vec![Some(g.clone()), Some(g.clone())],
+            (Kind::Sub, _) => vec![Some(g.clone()), needs[1].then(neg).transpose()?],
+            (Kind::Mul, Some((a, b))) => vec![
+                needs[0].then(|| bz(b, |g, b| g * b)).transpose()?,
+                needs[1].then(|| bz(a, |g, a| g * a)).transpose()?,
+            ],
+            (Kind::Div, Some((a, b))) => {
+                let da = needs[0].then(|| bz(b, |g, b| g / b)).transpose()?;
+                let db = if needs[1] {
+                    // Broadcast a and b to g's shape first, then combine.
+                    let ab = broadcast_zip(name, a, b, |a, b| a / (b * b))?;
+                    let ab = broadcast_zip(name, &ab, g, |r, _| r)?;
+                    let g = broadcast_zip(name, g, &ab, |g, _| g)?;
+                    Some(zip3(&g, &ab, &ab, |g, r, _| -g * r)?)
+                } else {
+                    None
+                };
+                vec![da, db]
+            }
+            _ => unreachable_state(name)?,
+        })
+    }
+}
+
+fn unreachable_state<X>(op: &'static str) -> Result<X> {
+    Err(crate::Error::InvalidArgument {
+        op,
+        msg: "saved state missing".into(),
+    })
+}
+
+/// `a + b` with broadcasting.
+pub fn add<T: Element>(a: &Var<T>, b: &Var<T>) -> Result<Var<T>> {
+    Tape::apply(Binary(Kind::Add), &[a, b])
+}
+
+/// `a - b` with broadcasting.
+pub fn sub<T: Element>(a: &Var<T>, b: &Var<T>) -> Result<Var<T>> {
+    Tape::apply(Binary(Kind::Sub), &[a, b])
+}
+
+/// `a * b` elementwise with broadcasting.
+pub fn mul<T: Element>(a: &Var<T>, b: &Var<T>) -> Result<Var<T>> {
+    Tape::apply(Binary(Kind::Mul), &[a, b])
+}
+
+/// `a / b` elementwise with broadcasting.
+pub fn div<T: Element>(a: &Var<T>, b: &Var<T>) -> Result<Var<T>> {
+    Tape::apply(Binary(Kind::Div), &[a, b])
+}

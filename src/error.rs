@@ -1,0 +1,104 @@
+//! The one error type of the public API. Every message names the op and the
+//! shapes or values involved.
+
+/// Everything that can go wrong through fusegrad's public API.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Two shapes that must be equal are not.
+    #[error("{op}: shape mismatch: {lhs:?} vs {rhs:?}")]
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    /// Two shapes cannot be broadcast together under NumPy's rules.
+    #[error("{op}: cannot broadcast shape {lhs:?} with {rhs:?}")]
+    BroadcastMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    /// The contracted dimensions of a matmul differ.
+    #[error("{op}: inner dimensions differ: {lhs:?} @ {rhs:?} ({k_lhs} vs {k_rhs})")]
+    MatmulMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+        k_lhs: usize,
+        k_rhs: usize,
+    },
+    /// A buffer's length does not match the element count of its shape.
+    #[error("{op}: {len} elements cannot have shape {shape:?}")]
+    ElementCount {
+        op: &'static str,
+        shape: Vec<usize>,
+        len: usize,
+    },
+    /// `backward()` without a seed needs a loss with exactly one element.
+    #[error("backward: loss of shape {shape:?} is not a scalar; use backward_with(seed)")]
+    NonScalarLoss { shape: Vec<usize> },
+    /// The seed given to `backward_with` has the wrong shape.
+    #[error("backward_with: seed shape {seed:?} does not match output shape {output:?}")]
+    SeedShape {
+        output: Vec<usize>,
+        seed: Vec<usize>,
+    },
+    /// Vars from different tapes were combined.
+    #[error("{op}: inputs were recorded on different tapes")]
+    TapeMismatch { op: &'static str },
+    /// `Gradients::wrt` was asked about a Var of another tape.
+    #[error("{op}: the Var (id {id}) was not recorded on this tape")]
+    NotOnTape { op: &'static str, id: usize },
+    /// A gradient was asked of a constant, which never gets one.
+    #[error("{op}: Var {id} is a constant (or depends only on constants) and has no gradient")]
+    NoGradient { op: &'static str, id: usize },
+    /// An axis is outside `-rank..rank`.
+    #[error("{op}: axis {axis} is out of range for rank {rank} (shape {shape:?})")]
+    AxisOutOfRange {
+        op: &'static str,
+        axis: isize,
+        rank: usize,
+        shape: Vec<usize>,
+    },
+    /// eps must be finite and strictly positive.
+    #[error("{op}: eps must be finite and > 0, got {eps}")]
+    BadEps { op: &'static str, eps: f64 },
+    /// A normalization over no elements.
+    #[error(
+        "{op}: normalized shape {normalized:?} is empty or has zero elements (input {input:?})"
+    )]
+    EmptyNormalized {
+        op: &'static str,
+        input: Vec<usize>,
+        normalized: Vec<usize>,
+    },
+    /// `normalized_shape` is not the input's trailing dims.
+    #[error("{op}: normalized shape {normalized:?} is not the trailing dims of input {input:?}")]
+    NormalizedShape {
+        op: &'static str,
+        input: Vec<usize>,
+        normalized: Vec<usize>,
+    },
+    /// A shape whose element count (or byte count) overflows `usize`.
+    #[error("{op}: shape {shape:?} has too many elements")]
+    ShapeTooLarge { op: &'static str, shape: Vec<usize> },
+    /// Any other invalid argument, described in words.
+    #[error("{op}: {msg}")]
+    InvalidArgument { op: &'static str, msg: String },
+    /// An op would cut the gradient graph.
+    #[error("{op}: has no backward, but an input requires a gradient")]
+    NoBackward { op: &'static str },
+    /// Inputs live on different devices.
+    #[error("{op}: inputs on different devices: {lhs} vs {rhs}")]
+    DeviceMismatch {
+        op: &'static str,
+        lhs: String,
+        rhs: String,
+    },
+    /// CUDA was asked for but cannot be used here.
+    #[error("CUDA unavailable: {reason}")]
+    CudaUnavailable { reason: String },
+}
+
+/// Result with fusegrad's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

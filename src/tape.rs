@@ -1,0 +1,392 @@
+//! The tape: records one node per op call and runs the reverse sweep.
+//!
+//! A `Tape` is single-threaded (`Rc<RefCell<..>>`), so it is neither `Send`
+//! nor `Sync`; the compiler rejects sharing one across threads. Separate
+//! tapes on separate threads are independent. Tensors are `Send + Sync`.
+//!
+//! ```compile_fail
+//! fn assert_send<S: Send>() {}
+//! assert_send::<fusegrad::Tape<f32>>();
+//! ```
+
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::op::{Op, Saved, SavedItem};
+use crate::shape::sum_to_shape;
+use crate::tensor::Tensor;
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::rc::Rc;
+
+/// Type-erased recorded op: the op plus its saved state.
+trait Backward<T: Element> {
+    fn name(&self) -> &'static str;
+    fn backward(&self, grad: &Tensor<T>, needs: &[bool]) -> Result<Vec<Option<Tensor<T>>>>;
+    fn visit_saved(&self, f: &mut dyn FnMut(SavedItem));
+}
+
+struct Recorded<O: Op<T>, T: Element> {
+    op: O,
+    state: O::State,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<O: Op<T>, T: Element> Backward<T> for Recorded<O, T> {
+    fn name(&self) -> &'static str {
+        self.op.name()
+    }
+    fn backward(&self, grad: &Tensor<T>, needs: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
+        self.op.backward(&self.state, grad, needs)
+    }
+    fn visit_saved(&self, f: &mut dyn FnMut(SavedItem)) {
+        self.state.visit(f)
+    }
+}
+
+enum Kind<T: Element> {
+    /// A leaf; `var` leaves keep their value for memory accounting.
+    Leaf(Option<Tensor<T>>),
+    Op {
+        bw: Box<dyn Backward<T>>,
+        inputs: Vec<usize>,
+    },
+}
+
+struct Node<T: Element> {
+    requires_grad: bool,
+    shape: Vec<usize>,
+    kind: Kind<T>,
+}
+
+/// A recording of operations, shared by the `Var`s made on it.
+pub struct Tape<T: Element> {
+    nodes: Rc<RefCell<Vec<Node<T>>>>,
+}
+
+impl<T: Element> Clone for Tape<T> {
+    fn clone(&self) -> Self {
+        Tape {
+            nodes: self.nodes.clone(),
+        }
+    }
+}
+
+impl<T: Element> Default for Tape<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A value recorded on a tape.
+pub struct Var<T: Element> {
+    tape: Tape<T>,
+    id: usize,
+    value: Tensor<T>,
+    requires_grad: bool,
+}
+
+impl<T: Element> Clone for Var<T> {
+    fn clone(&self) -> Self {
+        Var {
+            tape: self.tape.clone(),
+            id: self.id,
+            value: self.value.clone(),
+            requires_grad: self.requires_grad,
+        }
+    }
+}
+
+impl<T: Element> std::fmt::Debug for Var<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Var#{}({:?}, grad={})",
+            self.id, self.value, self.requires_grad
+        )
+    }
+}
+
+/// Per-node memory report entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// Node id.
+    pub id: usize,
+    /// Op name.
+    pub op: &'static str,
+    /// Bytes this node's saved state adds (shared buffers counted once, at the
+    /// first node holding them; leaf values are not counted).
+    pub bytes: usize,
+}
+
+impl<T: Element> Tape<T> {
+    /// An empty tape.
+    pub fn new() -> Self {
+        Tape {
+            nodes: Rc::new(RefCell::new(Vec::new())),
+        }
+    }
+
+    fn push(&self, node: Node<T>) -> usize {
+        let mut nodes = self.nodes.borrow_mut();
+        nodes.push(node);
+        nodes.len() - 1
+    }
+
+    fn leaf(&self, value: Tensor<T>, requires_grad: bool, keep: bool) -> Var<T> {
+        let id = self.push(Node {
+            requires_grad,
+            shape: value.shape().to_vec(),
+            kind: Kind::Leaf(keep.then(|| value.clone())),
+        });
+        Var {
+            tape: self.clone(),
+            id,
+            value,
+            requires_grad,
+        }
+    }
+
+    /// A leaf that wants a gradient.
+    pub fn var(&self, value: impl Into<Tensor<T>>) -> Var<T> {
+        self.leaf(value.into(), true, true)
+    }
+
+    /// A leaf without a gradient; it costs nothing on the backward sweep.
+    pub fn constant(&self, value: impl Into<Tensor<T>>) -> Var<T> {
+        self.leaf(value.into(), false, true)
+    }
+
+    /// Number of recorded nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.borrow().len()
+    }
+
+    /// True when nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True if both handles refer to the same tape.
+    pub fn same(&self, other: &Tape<T>) -> bool {
+        Rc::ptr_eq(&self.nodes, &other.nodes)
+    }
+
+    /// Bytes the graph holds for backward beyond the leaves' own values:
+    /// every op's saved state, each shared buffer counted once.
+    pub fn saved_bytes(&self) -> usize {
+        self.saved_bytes_per_node().iter().map(|n| n.bytes).sum()
+    }
+
+    /// [`Tape::saved_bytes`], node by node.
+    pub fn saved_bytes_per_node(&self) -> Vec<NodeMemory> {
+        let nodes = self.nodes.borrow();
+        let mut seen: HashSet<usize> = nodes
+            .iter()
+            .filter_map(|n| match &n.kind {
+                Kind::Leaf(Some(t)) => Some(t.storage_id()),
+                _ => None,
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (id, n) in nodes.iter().enumerate() {
+            if let Kind::Op { bw, .. } = &n.kind {
+                let mut bytes = 0;
+                bw.visit_saved(&mut |item| match item {
+                    SavedItem::Raw(b) => bytes += b,
+                    SavedItem::Tensor { id, bytes: b } => {
+                        if seen.insert(id) {
+                            bytes += b
+                        }
+                    }
+                });
+                out.push(NodeMemory {
+                    id,
+                    op: bw.name(),
+                    bytes,
+                });
+            }
+        }
+        out
+    }
+
+    /// Records `op` applied to `inputs` and returns its output. Ops whose
+    /// inputs need no gradient are run but not recorded for backward.
+    pub fn apply<O: Op<T>>(op: O, inputs: &[&Var<T>]) -> Result<Var<T>> {
+        let name = op.name();
+        let first = inputs.first().ok_or_else(|| Error::InvalidArgument {
+            op: name,
+            msg: "an op needs at least one input".into(),
+        })?;
+        for v in &inputs[1..] {
+            if !first.tape.same(&v.tape) {
+                return Err(Error::TapeMismatch { op: name });
+            }
+            if first.value.device() != v.value.device() {
+                return Err(Error::DeviceMismatch {
+                    op: name,
+                    lhs: first.value.device().to_string(),
+                    rhs: v.value.device().to_string(),
+                });
+            }
+        }
+        let tensors: Vec<&Tensor<T>> = inputs.iter().map(|v| &v.value).collect();
+        let (value, state) = op.forward(&tensors)?;
+        let requires_grad = inputs.iter().any(|v| v.requires_grad);
+        let tape = first.tape.clone();
+        let kind = if requires_grad {
+            Kind::Op {
+                bw: Box::new(Recorded {
+                    op,
+                    state,
+                    _t: std::marker::PhantomData,
+                }),
+                inputs: inputs.iter().map(|v| v.id).collect(),
+            }
+        } else {
+            Kind::Leaf(None)
+        };
+        let id = tape.push(Node {
+            requires_grad,
+            shape: value.shape().to_vec(),
+            kind,
+        });
+        Ok(Var {
+            tape,
+            id,
+            value,
+            requires_grad,
+        })
+    }
+
+    fn sweep(&self, root: usize, seed: Tensor<T>) -> Result<Gradients<T>> {
+        let nodes = self.nodes.borrow();
+        let mut grads: Vec<Option<Tensor<T>>> = vec![None; root + 1];
+        if nodes[root].requires_grad {
+            grads[root] = Some(seed);
+        }
+        let mut needs = Vec::new();
+        for i in (0..=root).rev() {
+            let node = &nodes[i];
+            let Kind::Op { bw, inputs } = &node.kind else {
+                continue;
+            };
+            let Some(g) = grads[i].take() else { continue };
+            needs.clear();
+            needs.extend(inputs.iter().map(|&j| nodes[j].requires_grad));
+            let gin = bw.backward(&g, &needs)?;
+            grads[i] = Some(g);
+            if gin.len() != inputs.len() {
+                return Err(Error::InvalidArgument {
+                    op: bw.name(),
+                    msg: format!(
+                        "backward returned {} gradients for {} inputs",
+                        gin.len(),
+                        inputs.len()
+                    ),
+                });
+            }
+            for ((&j, gj), &need) in inputs.iter().zip(gin).zip(needs.iter()) {
+                let Some(gj) = gj.filter(|_| need) else {
+                    continue;
+                };
+                let gj = sum_to_shape(bw.name(), &gj, &nodes[j].shape)?;
+                grads[j] = Some(match grads[j].take() {
+                    None => gj,
+                    Some(acc) => accumulate(acc, &gj)?,
+                });
+            }
+        }
+        Ok(Gradients {
+            tape: self.clone(),
+            grads,
+        })
+    }
+}
+
+/// `acc + g`, in place when `acc`'s storage is not shared.
+fn accumulate<T: Element>(acc: Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
+    let shape = acc.shape().to_vec();
+    let mut a = acc.into_vec();
+    for (x, y) in a.iter_mut().zip(g.as_slice()?) {
+        *x = T::from_acc(x.to_acc() + y.to_acc());
+    }
+    Tensor::from_vec(shape, a)
+}
+
+impl<T: Element> Var<T> {
+    /// The forward value.
+    pub fn value(&self) -> &Tensor<T> {
+        &self.value
+    }
+
+    /// The value's shape.
+    pub fn shape(&self) -> &[usize] {
+        self.value.shape()
+    }
+
+    /// Node id on its tape.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The tape this Var is recorded on.
+    pub fn tape(&self) -> &Tape<T> {
+        &self.tape
+    }
+
+    /// Whether a gradient flows to this Var.
+    pub fn requires_grad(&self) -> bool {
+        self.requires_grad
+    }
+
+    /// Reverse sweep from a scalar (one-element) loss, seeded with 1.
+    pub fn backward(&self) -> Result<Gradients<T>> {
+        if self.value.numel() != 1 {
+            return Err(Error::NonScalarLoss {
+                shape: self.shape().to_vec(),
+            });
+        }
+        let seed = Tensor::full(self.shape(), T::one())?;
+        self.tape.sweep(self.id, seed)
+    }
+
+    /// Reverse sweep seeded with `seed` (a cotangent of this Var's shape).
+    pub fn backward_with(&self, seed: &Tensor<T>) -> Result<Gradients<T>> {
+        if seed.shape() != self.shape() {
+            return Err(Error::SeedShape {
+                output: self.shape().to_vec(),
+                seed: seed.shape().to_vec(),
+            });
+        }
+        self.tape.sweep(self.id, seed.clone())
+    }
+}
+
+/// The result of a backward sweep.
+pub struct Gradients<T: Element> {
+    tape: Tape<T>,
+    grads: Vec<Option<Tensor<T>>>,
+}
+
+impl<T: Element> Gradients<T> {
+    /// d(loss)/d(var): zeros if `var` does not affect the loss; an error for
+    /// a Var of another tape or one that takes no gradient.
+    pub fn wrt(&self, var: &Var<T>) -> Result<Tensor<T>> {
+        if !self.tape.same(&var.tape) {
+            return Err(Error::NotOnTape {
+                op: "Gradients::wrt",
+                id: var.id,
+            });
+        }
+        if !var.requires_grad {
+            return Err(Error::NoGradient {
+                op: "Gradients::wrt",
+                id: var.id,
+            });
+        }
+        match self.grads.get(var.id) {
+            Some(Some(g)) => Ok(g.clone()),
+            _ => Tensor::zeros(var.shape()),
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! `Tensor<T>`: a shape plus shared, immutable, row-major storage on one
+//! device. Cloning is cheap (the storage is reference counted).
+
+use crate::device::Device;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::shape::checked_numel;
+use ndarray::{ArrayD, IxDyn};
+use std::sync::Arc;
+
+/// An n-dimensional array on a device. It knows nothing of autodiff.
+#[derive(Clone)]
+pub struct Tensor<T: Element> {
+    shape: Vec<usize>,
+    data: Arc<Vec<T>>,
+    device: Device,
+}
+
+impl<T: Element> std::fmt::Debug for Tensor<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor<{}>{:?} on {}", T::NAME, self.shape, self.device)
+    }
+}
+
+impl<T: Element> Tensor<T> {
+    /// Builds a CPU tensor from a vector in row-major order.
+    pub fn from_vec(shape: Vec<usize>, data: Vec<T>) -> Result<Self> {
+        let n = checked_numel("Tensor::from_vec", &shape, std::mem::size_of::<T>())?;
+        if n != data.len() {
+            return Err(Error::ElementCount {
+                op: "Tensor::from_vec",
+                shape,
+                len: data.len(),
+            });
+        }
+        Ok(Tensor {
+            shape,
+            data: Arc::new(data),
+            device: Device::Cpu,
+        })
+    }
+
+    /// Builds a CPU tensor from any ndarray array (copied into row-major order).
+    pub fn from_array<D: ndarray::Dimension>(a: ndarray::Array<T, D>) -> Self {
+        let shape = a.shape().to_vec();
+        let data = match a.as_slice() {
+            Some(s) => s.to_vec(),
+            None => a.iter().copied().collect(),
+        };
+        Tensor {
+            shape,
+            data: Arc::new(data),
+            device: Device::Cpu,
+        }
+    }
+
+    /// A tensor of one value.
+    pub fn scalar(v: T) -> Self {
+        Tensor {
+            shape: vec![],
+            data: Arc::new(vec![v]),
+            device: Device::Cpu,
+        }
+    }
+
+    /// A tensor filled with `v`.
+    pub fn full(shape: &[usize], v: T) -> Result<Self> {
+        let n = checked_numel("Tensor::full", shape, std::mem::size_of::<T>())?;
+        Self::from_vec(shape.to_vec(), vec![v; n])
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: &[usize]) -> Result<Self> {
+        Self::full(shape, T::zero())
+    }
+
+    /// Copies the values out as an ndarray array.
+    pub fn to_array(&self) -> Result<ArrayD<T>> {
+        let s = self.as_slice()?;
+        ArrayD::from_shape_vec(IxDyn(&self.shape), s.to_vec()).map_err(|e| Error::InvalidArgument {
+            op: "Tensor::to_array",
+            msg: e.to_string(),
+        })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The rank (number of dims).
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Bytes of element data.
+    pub fn nbytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<T>()
+    }
+
+    /// The device the data lives on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The values, row-major, when the tensor is on the CPU.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        match self.device {
+            Device::Cpu => Ok(&self.data),
+            d => d.ensure_available().map(|_| &self.data[..]),
+        }
+    }
+
+    /// Moves the tensor to `device`.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        device.ensure_available()?;
+        Ok(self.clone())
+    }
+
+    /// Same data, new shape with the same element count.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
+        let n = checked_numel("reshape", shape, std::mem::size_of::<T>())?;
+        if n != self.numel() {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: self.shape.clone(),
+                rhs: shape.to_vec(),
+            });
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            data: self.data.clone(),
+            device: self.device,
+        })
+    }
+
+    /// Converts every element to another element type.
+    pub fn cast<U: Element>(&self) -> Result<Tensor<U>> {
+        let s = self.as_slice()?;
+        Tensor::from_vec(
+            self.shape.clone(),
+            s.iter().map(|v| U::from_f64(v.to_f64())).collect(),
+        )
+    }
+
+    /// The values widened to f64.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        Ok(self.as_slice()?.iter().map(|v| v.to_f64()).collect())
+    }
+
+    /// Identity of the storage, used to count shared buffers once.
+    pub(crate) fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.data) as usize
+    }
+
+    /// Takes the storage out as a vector, copying only if it is shared.
+    pub fn into_vec(self) -> Vec<T> {
+        Arc::try_unwrap(self.data).unwrap_or_else(|a| (*a).clone())
+    }
+}
+
+impl<T: Element, D: ndarray::Dimension> From<ndarray::Array<T, D>> for Tensor<T> {
+    fn from(a: ndarray::Array<T, D>) -> Self {
+        Tensor::from_array(a)
+    }
+}

@@ -1,0 +1,47 @@
+//! Named tolerances, one per comparison and precision (burn-style), so every
+//! test and report says which bar it holds a result to.
+
+/// `|got - want| <= atol + rtol * |want|`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    /// Absolute part.
+    pub atol: f64,
+    /// Relative part.
+    pub rtol: f64,
+}
+
+impl Tolerance {
+    /// Whether `got` is close enough to `want` (NaN never is).
+    pub fn accepts(&self, got: f64, want: f64) -> bool {
+        (got - want).abs() <= self.atol + self.rtol * want.abs()
+    }
+
+    /// Whether every pair is close enough.
+    pub fn accepts_all(&self, got: &[f64], want: &[f64]) -> bool {
+        got.len() == want.len() && got.iter().zip(want).all(|(g, w)| self.accepts(*g, *w))
+    }
+}
+
+/// f64 analytic gradient against f64 central finite differences.
+pub const F64_VS_FD: Tolerance = Tolerance {
+    atol: 1e-6,
+    rtol: 1e-5,
+};
+
+/// An f32 run against the same computation in f64 (values of order one).
+pub const F32_VS_F64: Tolerance = Tolerance {
+    atol: 1e-4,
+    rtol: 1e-3,
+};
+
+/// An f16 run against f64 (f16 has an 11-bit significand).
+pub const F16_VS_F64: Tolerance = Tolerance {
+    atol: 1e-2,
+    rtol: 1e-2,
+};
+
+/// A bf16 run against f64 (bf16 has an 8-bit significand).
+pub const BF16_VS_F64: Tolerance = Tolerance {
+    atol: 8e-2,
+    rtol: 8e-2,
+};
