@@ -22,5 +22,5 @@ pub use device::Device;
 pub use dtype::{Accum, Element};
 pub use error::{Error, Result};
 pub use op::{Op, Saved, SavedItem};
-pub use tape::{Gradients, NodeMemory, Tape, Var};
+pub use tape::{Gradients, NodeInfo, NodeMemory, Tape, Var};
 pub use tensor::Tensor;

@@ -118,7 +118,44 @@ pub struct NodeMemory {
     pub bytes: usize,
 }
 
+/// What one recorded node is, for analysis (memory traffic, graph size).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Node id.
+    pub id: usize,
+    /// Op name; `"leaf"` for vars, constants and untracked results.
+    pub op: &'static str,
+    /// Ids of the input nodes (empty for leaves).
+    pub inputs: Vec<usize>,
+    /// Shape of the node's value.
+    pub shape: Vec<usize>,
+    /// Whether a gradient flows through the node.
+    pub requires_grad: bool,
+}
+
 impl<T: Element> Tape<T> {
+    /// One [`NodeInfo`] per recorded node, oldest first.
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        self.nodes
+            .borrow()
+            .iter()
+            .enumerate()
+            .map(|(id, n)| {
+                let (op, inputs) = match &n.kind {
+                    Kind::Leaf(_) => ("leaf", Vec::new()),
+                    Kind::Op { bw, inputs } => (bw.name(), inputs.clone()),
+                };
+                NodeInfo {
+                    id,
+                    op,
+                    inputs,
+                    shape: n.shape.clone(),
+                    requires_grad: n.requires_grad,
+                }
+            })
+            .collect()
+    }
+
     /// An empty tape.
     pub fn new() -> Self {
         Tape {
