@@ -190,11 +190,14 @@ fn cotangent(case: &Case, numel: usize) -> Vec<f64> {
     Rng::new(case.seed).vec(numel)
 }
 
+/// A graph builder: inputs to output.
+type Graph<'a, T> = &'a dyn Fn(&[Var<T>]) -> Result<Var<T>>;
+
 /// Forward and backward of `f` on `inputs` (all vars) with the case's
 /// cotangent (rounded to `T`).
 fn run<T: Element>(
     case: &Case,
-    f: &dyn Fn(&[Var<T>]) -> Result<Var<T>>,
+    f: Graph<'_, T>,
     inputs: &[Tensor<T>],
 ) -> Result<Run> {
     let tape = Tape::new();
@@ -728,7 +731,7 @@ pub fn sweep(iters: usize, seed: u64) -> Result<Sweep> {
         if x.len() <= 40_000 {
             let fd = fd_error(&case, 8)?;
             w.fd_of_tol = nan_max(w.fd_of_tol, fd.max_diff / norm_vs_fd_f64(k).rtol);
-            if !(fd.max_diff <= w.fd_worst.0) {
+            if fd.max_diff.is_nan() || fd.max_diff > w.fd_worst.0 {
                 w.fd_worst = (fd.max_diff, k);
             }
         }
@@ -1092,19 +1095,16 @@ pub fn node_traffic(nodes: &[NodeInfo], elem: usize, acc: usize) -> Traffic {
         let (fwd, bwd) = match node.op {
             "add" | "sub" => {
                 let mut b = 0;
-                for i in 0..ins.len() {
-                    if need[i] {
-                        b += back(i) + if node.op == "sub" && i == 1 { 2 * o } else { 0 };
-                    }
+                for (i, _) in need.iter().enumerate().filter(|(_, n)| **n) {
+                    b += back(i) + if node.op == "sub" && i == 1 { 2 * o } else { 0 };
                 }
                 ((sum_in + o) * elem, b * elem)
             }
             "mul" => {
                 let mut b = 0;
-                for i in 0..ins.len() {
-                    if need[i] {
-                        b += 2 * o + isz[1 - i.min(1)] + back(i);
-                    }
+                for (i, _) in need.iter().enumerate().filter(|(_, n)| **n) {
+                    let other = isz.get(1 - i.min(1)).copied().unwrap_or(0);
+                    b += 2 * o + other + back(i);
                 }
                 ((sum_in + o) * elem, b * elem)
             }
