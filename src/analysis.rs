@@ -195,11 +195,7 @@ type Graph<'a, T> = &'a dyn Fn(&[Var<T>]) -> Result<Var<T>>;
 
 /// Forward and backward of `f` on `inputs` (all vars) with the case's
 /// cotangent (rounded to `T`).
-fn run<T: Element>(
-    case: &Case,
-    f: Graph<'_, T>,
-    inputs: &[Tensor<T>],
-) -> Result<Run> {
+fn run<T: Element>(case: &Case, f: Graph<'_, T>, inputs: &[Tensor<T>]) -> Result<Run> {
     let tape = Tape::new();
     let vars: Vec<Var<T>> = inputs.iter().map(|t| tape.var(t.clone())).collect();
     let y = f(&vars)?;
@@ -1053,8 +1049,8 @@ pub struct Traffic {
 /// `elem` bytes and whose statistics take `acc` bytes.
 ///
 /// Each op streams its operands from memory once and writes its result once
-/// (what the kernels in `ops/` do; re-reads of a row that is still in cache
-/// and of a small broadcast operand count once). With `O` the output's
+/// (what the kernels in `ops/` do; re-reads of a row that is still in cache,
+/// of a small broadcast operand and of an operand passed twice count once). With `O` the output's
 /// element count, `I` an input's and `s = elem`:
 ///
 /// | op | forward | backward, per input that needs a gradient |
@@ -1083,7 +1079,13 @@ pub fn node_traffic(nodes: &[NodeInfo], elem: usize, acc: usize) -> Traffic {
         let ins: Vec<&NodeInfo> = node.inputs.iter().filter_map(|&i| nodes.get(i)).collect();
         let isz: Vec<usize> = ins.iter().map(|n| numel(&n.shape)).collect();
         let need: Vec<bool> = ins.iter().map(|n| n.requires_grad).collect();
-        let sum_in: usize = isz.iter().sum();
+        // Forward reads: each distinct input once (mul(x, x) streams x once).
+        let sum_in: usize = isz
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| !node.inputs[..*k].contains(&node.inputs[*k]))
+            .map(|(_, v)| v)
+            .sum();
         let back = |i: usize| {
             if ins[i].shape != node.shape {
                 o + isz[i]
