@@ -227,7 +227,7 @@ fn run<T: Element>(case: &Case, f: Graph<'_, T>, inputs: &[Tensor<T>]) -> Result
 /// dx at D = 1, is nearly 0) only the rounding of the terms is left, and a
 /// relative error of the tiny result means nothing. Zero scales (no rows)
 /// become 1.
-fn term_scales(case: &Case, inputs: &[Tensor<f64>]) -> Result<Vec<f64>> {
+pub fn term_scales(case: &Case, inputs: &[Tensor<f64>]) -> Result<Vec<f64>> {
     let d = case.d().max(1);
     let x = inputs
         .first()
