@@ -647,7 +647,7 @@ mod svg {
         match m {
             Method::Naive => "naive",
             Method::TwoPass => "two-pass",
-            Method::TwoPassShifted => "two-pass-shifted",
+            Method::TwoPassShifted => "shifted-two-pass",
             Method::Welford => "welford",
         }
     }
@@ -777,7 +777,7 @@ mod svg {
             .ceil()
             .min(300.0);
         let y_lo = if y_lo.is_finite() { y_lo } else { -1.0 };
-        if !(y_hi > y_lo) {
+        if y_hi.is_nan() || y_hi <= y_lo {
             y_hi = y_lo + 1.0;
         }
         let p = Panel {
