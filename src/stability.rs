@@ -46,6 +46,9 @@ use std::path::Path;
 /// The offsets of the default demonstration, `1e0, 1e1, ..., 1e8`.
 pub const DEFAULT_OFFSETS: [f64; 9] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8];
 
+/// The constant rows of the default demonstration.
+pub const DEFAULT_CONSTANTS: [f32; 7] = [0.1, 3.3, 123.456, 1234.567, 12345.678, 1_000_000.7, 1e8];
+
 const OP: &str = "stability";
 
 /// A way to compute the per-row variance in f32.
@@ -220,6 +223,8 @@ pub struct Config {
     pub eps: f32,
     /// The offsets added to `z`.
     pub offsets: Vec<f64>,
+    /// Values `c` for rows of D copies of `c` (exact: var 0, xhat 0).
+    pub constants: Vec<f32>,
 }
 
 impl Default for Config {
@@ -231,6 +236,7 @@ impl Default for Config {
             seed: 0x57AB_1E5E,
             eps: 1e-5,
             offsets: DEFAULT_OFFSETS.to_vec(),
+            constants: DEFAULT_CONSTANTS.to_vec(),
         }
     }
 }
@@ -262,6 +268,9 @@ impl Config {
             .find(|o| !(o.is_finite() && **o > 0.0 && **o < 1e30))
         {
             return bad(format!("offsets must be finite, > 0 and < 1e30, got {o}"));
+        }
+        if let Some(c) = self.constants.iter().find(|c| !c.is_finite()) {
+            return bad(format!("constants must be finite, got {c}"));
         }
         Ok(())
     }
@@ -348,6 +357,20 @@ pub struct Floor {
     pub ln_max_err: f64,
 }
 
+/// A row of D copies of `value`: the exact variance and output are 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConstantRow {
+    /// The value repeated D times.
+    pub value: f32,
+    /// The method.
+    pub method: Method,
+    /// Computed f32 variance.
+    pub variance: f32,
+    /// Computed `xhat = (value - mean) * rsqrt(variance + eps)`, the same
+    /// for every element of the row.
+    pub xhat: f32,
+}
+
 /// Everything measured by [`run`]; `Display` prints it as a table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
@@ -357,6 +380,8 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// One entry per offset.
     pub floors: Vec<Floor>,
+    /// One entry per constant and method.
+    pub constant_rows: Vec<ConstantRow>,
 }
 
 impl Report {
@@ -507,10 +532,25 @@ pub fn run(config: &Config) -> Result<Report> {
             rows.push(entry);
         }
     }
+    let mut constant_rows = Vec::new();
+    for &value in &config.constants {
+        let row = vec![value; config.d];
+        for method in Method::ALL {
+            let (mean, variance) = method.moments(&row, config.lanes)?;
+            let xhat = (value - mean) * (1.0 / (variance + eps32).sqrt());
+            constant_rows.push(ConstantRow {
+                value,
+                method,
+                variance,
+                xhat,
+            });
+        }
+    }
     Ok(Report {
         config: config.clone(),
         rows,
         floors,
+        constant_rows,
     })
 }
 
@@ -530,13 +570,13 @@ fn ulp32(x: f32) -> f64 {
     (f32::from_bits(x.to_bits() + 1) as f64) - x as f64
 }
 
-/// `1e8` for 1e8, otherwise `{:.1e}`.
+/// `1e8` for 1e8, otherwise every digit (`1.00000005e7`).
 fn short(v: f64) -> String {
     let s = format!("{v:.0e}");
     if s.parse::<f64>().ok() == Some(v) {
         s
     } else {
-        format!("{v:.1e}")
+        format!("{v:e}")
     }
 }
 
@@ -615,6 +655,27 @@ impl fmt::Display for Report {
                     &format!("ref var >= {:.3e}", fl.ref_var_min),
                 ],
             )?;
+        }
+        if self.constant_rows.is_empty() {
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "\nConstant rows: D copies of c (exact: var = 0, xhat = 0). Each cell: f32 var / xhat."
+        )?;
+        write!(f, "{:<14}", "c")?;
+        for m in Method::ALL {
+            write!(f, " {:>24}", m.name())?;
+        }
+        writeln!(f)?;
+        for chunk in self.constant_rows.chunks(Method::ALL.len()) {
+            if let Some(first) = chunk.first() {
+                write!(f, "{:<14}", format!("{:e}", first.value))?;
+            }
+            for r in chunk {
+                write!(f, " {:>24}", format!("{:.3e} / {:.2e}", r.variance, r.xhat))?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }

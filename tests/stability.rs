@@ -3,7 +3,9 @@
 //! Bars are set from what f32 can do at all: the "floor" is the error of
 //! exact arithmetic once the mean is stored in f32, measured on the same rows.
 
-use fusegrad::stability::{run, run_demo, Config, Method, Report, DEFAULT_OFFSETS};
+use fusegrad::stability::{
+    run, run_demo, Config, Method, Report, DEFAULT_CONSTANTS, DEFAULT_OFFSETS,
+};
 
 /// The variance may be this far (relative) above the floor's error, for
 /// rounding in the sums themselves (`n u` with `n = 1024`, `u = 2^-24`).
@@ -29,6 +31,10 @@ fn report_covers_every_offset_and_method() {
     let r = default_report();
     assert_eq!(r.rows.len(), DEFAULT_OFFSETS.len() * Method::ALL.len());
     assert_eq!(r.floors.len(), DEFAULT_OFFSETS.len());
+    assert_eq!(
+        r.constant_rows.len(),
+        DEFAULT_CONSTANTS.len() * Method::ALL.len()
+    );
     for &o in &DEFAULT_OFFSETS {
         assert!(r.floor(o).is_some());
         for m in Method::ALL {
@@ -140,6 +146,28 @@ fn welford_error_is_first_order_in_the_offset() {
 }
 
 #[test]
+fn constant_rows_break_plain_two_pass_but_not_shifted_or_welford() {
+    let r = default_report();
+    let get = |c: f32, m: Method| {
+        r.constant_rows
+            .iter()
+            .find(|x| x.value == c && x.method == m)
+            .unwrap_or_else(|| panic!("no constant row {c} {m}"))
+    };
+    for &c in &DEFAULT_CONSTANTS {
+        for m in [Method::TwoPassShifted, Method::Welford] {
+            let x = get(c, m);
+            assert_eq!((x.variance, x.xhat), (0.0, 0.0), "{x:?}");
+        }
+    }
+    // The f32 mean of 1024 copies of c misses c; (c - mean) * rstd is then
+    // of order one instead of 0.
+    assert!(get(12345.678, Method::TwoPass).xhat.abs() > 0.5);
+    assert!(get(1e8, Method::TwoPass).variance >= 64.0);
+    assert!(get(1234.567, Method::Naive).xhat.is_nan());
+}
+
+#[test]
 fn sequential_sums_break_plain_two_pass_earlier() {
     let config = Config {
         lanes: 1,
@@ -218,6 +246,10 @@ fn bad_arguments_are_errors() {
             offsets: vec![1.0, f64::INFINITY],
             ..Config::default()
         },
+        Config {
+            constants: vec![f32::NAN],
+            ..Config::default()
+        },
     ];
     for c in bad {
         assert!(run(&c).is_err(), "{c:?}");
@@ -228,10 +260,12 @@ fn bad_arguments_are_errors() {
 fn table_shows_the_collapse() {
     let text = default_report().to_string();
     assert!(text.contains("offset") && text.contains("LN maxerr"));
-    assert_eq!(text.matches("naive").count(), DEFAULT_OFFSETS.len());
+    // one line per offset, plus the constant-row table's header
+    assert_eq!(text.matches("naive").count(), DEFAULT_OFFSETS.len() + 1);
     assert!(text.contains("NaN"));
     assert!(text.contains("var<0"));
     assert!(text.contains("f32-mean floor"));
+    assert!(text.contains("Constant rows"));
 }
 
 #[test]
