@@ -34,6 +34,10 @@
 //! in f32: with `d = mean - fl32(mean)`, a variance of `var + d^2` and an
 //! output error of `|d| * rstd`.
 //!
+//! Rows of D copies of one value `c` ([`Config::constants`]) have the exact
+//! answer var = 0, xhat = 0; plain two-pass misses the mean of `c` by an ulp
+//! or two and returns `xhat` of order one once `|c|` is in the thousands.
+//!
 //! [`run`] measures, [`Report`] prints as a table and draws itself as an SVG
 //! plot ([`Report::to_svg`]); [`run_demo`] does both with the defaults.
 
