@@ -59,7 +59,10 @@ impl<T: Element> Op<T> for Mse {
             })
             .sum();
         let loss = sum / acc_of::<T>(p.numel());
-        Ok((Tensor::scalar(T::from_acc(loss)), ((*p).clone(), (*t).clone())))
+        Ok((
+            Tensor::scalar(T::from_acc(loss)),
+            ((*p).clone(), (*t).clone()),
+        ))
     }
 
     /// With the scalar `g = dL_total/dL`: `dp_i = (2g/N)(p_i - t_i)`,
@@ -150,7 +153,13 @@ impl<T: Element> Op<T> for CrossEntropy {
                 .zip(max.iter_mut().zip(log_sum.iter_mut()))
                 .enumerate()
             {
-                lane_stats::<T>(row, 1, std::slice::from_mut(m), std::slice::from_mut(ls), None);
+                lane_stats::<T>(
+                    row,
+                    1,
+                    std::slice::from_mut(m),
+                    std::slice::from_mut(ls),
+                    None,
+                );
                 *ls = ls.ln();
                 let xt = row.get(t).ok_or_else(|| bad_target(x.shape(), r, t))?;
                 total += (*m - xt.to_acc()) + *ls;
