@@ -45,3 +45,32 @@ pub const BF16_VS_F64: Tolerance = Tolerance {
     atol: 8e-2,
     rtol: 8e-2,
 };
+
+// ---- Sums of rounded terms (matmul, losses) and independent f64 references ----
+
+/// An f32 sum of `terms` rounded terms (a matmul entry, a gradient entry
+/// summed over a broadcast batch, a mean) against the same computation in
+/// f64.
+///
+/// Cancellation can make such an entry arbitrarily small next to its terms,
+/// so this bar is meant per unit of the entry's *magnitude* `M = sum |term|`
+/// (e.g. `(|A| @ |B|)_ij`): `|got - want| <= atol * M`. Summing `n` terms in
+/// any order errs by at most `(n - 1) u M` to first order (u = 2^-24); each
+/// term may carry a few roundings of its own (product, difference, square,
+/// final scaling), so the bar allows twice `(n + 4) u`.
+pub fn f32_sum_vs_f64(terms: usize) -> Tolerance {
+    Tolerance {
+        atol: (terms as f64 + 4.0) * f32::EPSILON as f64,
+        rtol: 0.0,
+    }
+}
+
+/// An f64 result against an independent f64 formula for the same value (a
+/// naive triple loop, a textbook softmax): both round, in different orders.
+/// For values of order one; sums scale `atol` by their magnitude as in
+/// [`f32_sum_vs_f64`]. The bar sits far above the `~n u` (u = 2^-53) either
+/// side can err for n up to 10^3 terms, and far below any formula error.
+pub const F64_VS_REFERENCE: Tolerance = Tolerance {
+    atol: 1e-12,
+    rtol: 1e-10,
+};
