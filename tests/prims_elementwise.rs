@@ -209,7 +209,8 @@ where
         seed,
         ..Options::default()
     };
-    let report = gradcheck::check(|v: &[Var<f64>]| f(&v[0]), &[x.clone()], &opts).map_err(tc)?;
+    let report =
+        gradcheck::check(|v: &[Var<f64>]| f(&v[0]), std::slice::from_ref(x), &opts).map_err(tc)?;
     prop_assert!(
         report.passed(),
         "{}: finite differences disagree (atol {:.3e}, rtol {:.1e})\n{}\n{}",
@@ -345,6 +346,39 @@ fn check_reference(
         );
     }
     Ok(())
+}
+
+/// An elementwise op's f64 forward against a scalar reference formula on
+/// the same inputs: within `1e-12 * max(|want|, mag(x))`, where `mag` sizes
+/// the reference's own cancellation (0 where it has none).
+fn check_pointwise(
+    name: &str,
+    inp: &Input,
+    domain: impl Fn(f64, f64) -> f64,
+    f: impl Fn(&Var<f64>) -> Result<Var<f64>>,
+    reference: impl Fn(f64) -> f64,
+    mag: impl Fn(f64) -> f64,
+) -> std::result::Result<(), TestCaseError> {
+    let x: Vec<f64> = inp.raw.iter().map(|&r| domain(r, inp.scale)).collect();
+    let xt = Tensor::from_vec(inp.shape.clone(), x.clone()).map_err(tc)?;
+    let y = f(&Tape::new().constant(xt)).map_err(tc)?;
+    prop_assert_eq!(y.shape(), &inp.shape[..]);
+    for (&xv, &g) in x.iter().zip(y.value().as_slice().map_err(tc)?) {
+        let w = reference(xv);
+        prop_assert!(
+            (g - w).abs() <= 1e-12 * w.abs().max(mag(xv)),
+            "{}({}) = {} vs reference {}",
+            name,
+            xv,
+            g,
+            w
+        );
+    }
+    Ok(())
+}
+
+fn no_mag(_: f64) -> f64 {
+    0.0
 }
 
 /// ndarray reference for a reduction: `sum_axis` per axis, highest first.
@@ -496,13 +530,13 @@ proptest! {
     #[test]
     fn prop_sum(inp in input()) {
         run("sum", &inp, signed, pair!(|v| ops::sum(v)), Mag::OfAbs)?;
-        check_reference("sum", &inp, |v| ops::sum(v), |x| reduce_reference(x, &[], false, false))?;
+        check_reference("sum", &inp, ops::sum, |x| reduce_reference(x, &[], false, false))?;
     }
 
     #[test]
     fn prop_mean(inp in input()) {
         run("mean", &inp, signed, pair!(|v| ops::mean(v)), Mag::OfAbs)?;
-        check_reference("mean", &inp, |v| ops::mean(v), |x| reduce_reference(x, &[], false, true))?;
+        check_reference("mean", &inp, ops::mean, |x| reduce_reference(x, &[], false, true))?;
     }
 
     #[test]
@@ -524,6 +558,7 @@ proptest! {
     #[test]
     fn prop_neg(inp in input()) {
         run("neg", &inp, signed, pair!(|v| ops::neg(v)), Mag::Rel)?;
+        check_pointwise("neg", &inp, signed, ops::neg, |x| -x, no_mag)?;
     }
 
     #[test]
@@ -532,36 +567,43 @@ proptest! {
         // x + c can cancel; its terms have size |x| + |c|.
         let m = |x: f64, _: f64, g: f64| (x.abs() + c.abs(), g.abs());
         run("scalar_add", &inp, signed, pair!(|v| ops::scalar_add(v, c)), Mag::Pointwise(&m))?;
+        check_pointwise("scalar_add", &inp, signed, |v| ops::scalar_add(v, c), |x| x + c, |x| x.abs() + c.abs())?;
     }
 
     #[test]
     fn prop_scalar_mul(inp in input(), c in -10.0f64..10.0) {
         run("scalar_mul", &inp, signed, pair!(|v| ops::scalar_mul(v, c)), Mag::Rel)?;
+        check_pointwise("scalar_mul", &inp, signed, |v| ops::scalar_mul(v, c), |x| x * c, no_mag)?;
     }
 
     #[test]
     fn prop_powi(inp in input(), n in -3i32..=4) {
         run("powi", &inp, signed, pair!(|v| ops::powi(v, n)), Mag::Rel)?;
+        check_pointwise("powi", &inp, signed, |v| ops::powi(v, n), |x| x.powi(n), no_mag)?;
     }
 
     #[test]
     fn prop_sqrt(inp in input()) {
         run("sqrt", &inp, positive, pair!(|v| ops::sqrt(v)), Mag::Rel)?;
+        check_pointwise("sqrt", &inp, positive, ops::sqrt, f64::sqrt, no_mag)?;
     }
 
     #[test]
     fn prop_rsqrt(inp in input()) {
         run("rsqrt", &inp, positive, pair!(|v| ops::rsqrt(v)), Mag::Rel)?;
+        check_pointwise("rsqrt", &inp, positive, ops::rsqrt, |x| 1.0 / x.sqrt(), no_mag)?;
     }
 
     #[test]
     fn prop_exp(inp in input()) {
         run("exp", &inp, exp_arg, pair!(|v| ops::exp(v)), Mag::Rel)?;
+        check_pointwise("exp", &inp, exp_arg, ops::exp, f64::exp, no_mag)?;
     }
 
     #[test]
     fn prop_log(inp in input()) {
         run("log", &inp, positive, pair!(|v| ops::log(v)), Mag::Rel)?;
+        check_pointwise("log", &inp, positive, ops::log, f64::ln, no_mag)?;
     }
 
     #[test]
@@ -569,6 +611,7 @@ proptest! {
         // dx = g (1 - y^2): the parts of the difference have size |g|.
         let m = |_: f64, y: f64, g: f64| (y.abs(), g.abs());
         run("tanh", &inp, signed, pair!(|v| ops::tanh(v)), Mag::Pointwise(&m))?;
+        check_pointwise("tanh", &inp, signed, ops::tanh, f64::tanh, no_mag)?;
     }
 
     #[test]
@@ -576,12 +619,14 @@ proptest! {
         // dx = g y (1 - y): the parts have size |g| y.
         let m = |_: f64, y: f64, g: f64| (y.abs(), (g * y).abs());
         run("sigmoid", &inp, signed, pair!(|v| ops::sigmoid(v)), Mag::Pointwise(&m))?;
+        check_pointwise("sigmoid", &inp, signed, ops::sigmoid, sigmoid, no_mag)?;
     }
 
     #[test]
     fn prop_relu(inp in input()) {
         // |x| >= s/10, so finite differences never straddle the kink at 0.
         run("relu", &inp, signed, pair!(|v| ops::relu(v)), Mag::Rel)?;
+        check_pointwise("relu", &inp, signed, ops::relu, |x| x.max(0.0), no_mag)?;
     }
 
     #[test]
@@ -596,6 +641,8 @@ proptest! {
             (y.abs(), g.abs() * (s + tail))
         };
         run_with_step("gelu", &inp, signed, pair!(|v| ops::gelu(v)), Mag::Pointwise(&m), gelu_step)?;
+        // The textbook tanh form cancels for x < 0 (its error is ~|x| ulps).
+        check_pointwise("gelu", &inp, signed, ops::gelu, |x| 0.5 * x * (1.0 + (GELU_K * (x + GELU_A * x * x * x)).tanh()), f64::abs)?;
     }
 
     #[test]
