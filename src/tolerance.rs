@@ -73,6 +73,8 @@ pub fn f32_sum_vs_f64(terms: usize) -> Tolerance {
 pub const F64_VS_REFERENCE: Tolerance = Tolerance {
     atol: 1e-12,
     rtol: 1e-10,
+};
+
 /// An f32 run of one primitive op against the same op in f64 on identical,
 /// f32-representable inputs and cotangent, judged against the magnitude `m`
 /// of the terms that formed each value: `|got - want| <= atol + rtol * m`
