@@ -933,6 +933,10 @@ mod counted {
     impl Element for Counted {
         type Acc = Counted;
         const NAME: &'static str = "counted";
+        fn pool() -> &'static crate::device::pool::Pool<Self> {
+            static P: crate::device::pool::Pool<Counted> = crate::device::pool::Pool::new();
+            &P
+        }
         fn to_acc(self) -> Counted {
             self
         }

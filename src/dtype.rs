@@ -1,5 +1,6 @@
 //! Element types and their accumulation types.
 
+use crate::device::pool::Pool;
 use num_traits::{Float, FromPrimitive};
 use std::fmt::Debug;
 use std::iter::Sum;
@@ -81,9 +82,15 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
     fn one() -> Self {
         Self::from_f64(1.0)
     }
+    /// The cache of large buffers of this type.
+    fn pool() -> &'static Pool<Self>;
 }
 
 impl Element for f32 {
+    fn pool() -> &'static Pool<Self> {
+        static P: Pool<f32> = Pool::new();
+        &P
+    }
     type Acc = f32;
     const NAME: &'static str = "f32";
     #[inline(always)]
@@ -97,6 +104,10 @@ impl Element for f32 {
 }
 
 impl Element for f64 {
+    fn pool() -> &'static Pool<Self> {
+        static P: Pool<f64> = Pool::new();
+        &P
+    }
     type Acc = f64;
     const NAME: &'static str = "f64";
     #[inline(always)]
@@ -110,6 +121,10 @@ impl Element for f64 {
 }
 
 impl Element for half::f16 {
+    fn pool() -> &'static Pool<Self> {
+        static P: Pool<half::f16> = Pool::new();
+        &P
+    }
     type Acc = f32;
     const NAME: &'static str = "f16";
     #[inline(always)]
@@ -123,6 +138,10 @@ impl Element for half::f16 {
 }
 
 impl Element for half::bf16 {
+    fn pool() -> &'static Pool<Self> {
+        static P: Pool<half::bf16> = Pool::new();
+        &P
+    }
     type Acc = f32;
     const NAME: &'static str = "bf16";
     #[inline(always)]

@@ -169,7 +169,7 @@ where
             let abs = (a - numeric).abs();
             let rel = abs / a.abs().max(numeric.abs()).max(floor);
             // NaN errors count as failures.
-            if !(abs <= opts.atol + opts.rtol * numeric.abs()) {
+            if abs.is_nan() || abs > opts.atol + opts.rtol * numeric.abs() {
                 ok = false;
             }
             max_abs = max_abs.max(abs);
@@ -261,7 +261,8 @@ where
     F: Fn(&[Var<T>]) -> Result<Var<T>>,
     C: Fn(&[Var<T>]) -> Result<Var<T>>,
 {
-    let run = |g: &dyn Fn(&[Var<T>]) -> Result<Var<T>>| -> Result<(Vec<f64>, Vec<Vec<f64>>)> {
+    type Outcome = (Vec<f64>, Vec<Vec<f64>>);
+    let run = |g: &dyn Fn(&[Var<T>]) -> Result<Var<T>>| -> Result<Outcome> {
         let tape = Tape::new();
         let vars: Vec<Var<T>> = inputs.iter().map(|t| tape.var(t.clone())).collect();
         let y = g(&vars)?;

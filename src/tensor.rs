@@ -1,6 +1,7 @@
 //! `Tensor<T>`: a shape plus shared, immutable, row-major storage on one
 //! device. Cloning is cheap (the storage is reference counted).
 
+use crate::device::pool::Buffer;
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -12,7 +13,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct Tensor<T: Element> {
     shape: Vec<usize>,
-    data: Arc<Vec<T>>,
+    data: Arc<Buffer<T>>,
     device: Device,
 }
 
@@ -35,7 +36,7 @@ impl<T: Element> Tensor<T> {
         }
         Ok(Tensor {
             shape,
-            data: Arc::new(data),
+            data: Arc::new(Buffer(data)),
             device: Device::Cpu,
         })
     }
@@ -49,7 +50,7 @@ impl<T: Element> Tensor<T> {
         };
         Tensor {
             shape,
-            data: Arc::new(data),
+            data: Arc::new(Buffer(data)),
             device: Device::Cpu,
         }
     }
@@ -58,9 +59,15 @@ impl<T: Element> Tensor<T> {
     pub fn scalar(v: T) -> Self {
         Tensor {
             shape: vec![],
-            data: Arc::new(vec![v]),
+            data: Arc::new(Buffer(vec![v])),
             device: Device::Cpu,
         }
+    }
+
+    /// A buffer of `n` elements for a kernel to fill completely: recycled
+    /// from the pool when one of that length is free (contents unspecified).
+    pub fn scratch(n: usize) -> Vec<T> {
+        T::pool().take(n)
     }
 
     /// A tensor filled with `v`.
@@ -160,7 +167,14 @@ impl<T: Element> Tensor<T> {
 
     /// Takes the storage out as a vector, copying only if it is shared.
     pub fn into_vec(self) -> Vec<T> {
-        Arc::try_unwrap(self.data).unwrap_or_else(|a| (*a).clone())
+        match Arc::try_unwrap(self.data) {
+            Ok(mut b) => std::mem::take(&mut b.0),
+            Err(a) => {
+                let mut v = T::pool().take(a.len());
+                v.copy_from_slice(&a);
+                v
+            }
+        }
     }
 }
 

@@ -46,6 +46,52 @@ pub const BF16_VS_F64: Tolerance = Tolerance {
     rtol: 8e-2,
 };
 
+// ---- Sums of rounded terms (matmul, losses) and independent f64 references ----
+
+/// An f32 sum of `terms` rounded terms (a matmul entry, a gradient entry
+/// summed over a broadcast batch, a mean) against the same computation in
+/// f64.
+///
+/// Cancellation can make such an entry arbitrarily small next to its terms,
+/// so this bar is meant per unit of the entry's *magnitude* `M = sum |term|`
+/// (e.g. `(|A| @ |B|)_ij`): `|got - want| <= atol * M`. Summing `n` terms in
+/// any order errs by at most `(n - 1) u M` to first order (u = 2^-24); each
+/// term may carry a few roundings of its own (product, difference, square,
+/// final scaling), so the bar allows twice `(n + 4) u`.
+pub fn f32_sum_vs_f64(terms: usize) -> Tolerance {
+    Tolerance {
+        atol: (terms as f64 + 4.0) * f32::EPSILON as f64,
+        rtol: 0.0,
+    }
+}
+
+/// An f64 result against an independent f64 formula for the same value (a
+/// naive triple loop, a textbook softmax): both round, in different orders.
+/// For values of order one; sums scale `atol` by their magnitude as in
+/// [`f32_sum_vs_f64`]. The bar sits far above the `~n u` (u = 2^-53) either
+/// side can err for n up to 10^3 terms, and far below any formula error.
+pub const F64_VS_REFERENCE: Tolerance = Tolerance {
+    atol: 1e-12,
+    rtol: 1e-10,
+};
+
+/// An f32 run of one primitive op against the same op in f64 on identical,
+/// f32-representable inputs and cotangent, judged against the magnitude `m`
+/// of the terms that formed each value: `|got - want| <= atol + rtol * m`
+/// (`m >= |want|`; for a sum it is the sum of the terms' absolute values, for
+/// a cancelling difference such as `1 - tanh^2` the size of its parts).
+/// Relative to `m`, a sum of n <= 256 terms errs by at most about
+/// n * 2^-24 = 1.5e-5, a libm call or a few roundings by a few 2^-24, and
+/// `e^v` by `|v|` times the ulps of `v` (gelu's tail, up to ~1.6e-5 before
+/// f32 underflows); `rtol` leaves a factor of more than 6 over the worst of
+/// these (measured worst: 7e-6 for gelu, <= 4e-7 for the rest). `atol` is
+/// the smallest normal f32, so values that underflow in f32 (and not in f64)
+/// still compare equal.
+pub const F32_VS_F64_TERMS: Tolerance = Tolerance {
+    atol: f32::MIN_POSITIVE as f64,
+    rtol: 1e-4,
+};
+
 // ---- LayerNorm and RMSNorm ------------------------------------------------
 //
 // These bars apply to differences measured the way `analysis` measures them:

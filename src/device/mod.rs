@@ -2,6 +2,7 @@
 //! unavailable until the CUDA backend lands.
 
 pub mod cpu;
+pub mod pool;
 
 use crate::error::{Error, Result};
 
