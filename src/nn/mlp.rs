@@ -115,8 +115,12 @@ pub struct Mlp<T: Element> {
 }
 
 impl<T: Element> Mlp<T> {
-    /// An MLP with layer sizes `sizes` (at least two, all `> 0`).
+    /// An MLP with layer sizes `sizes` (at least two, all `> 0`, else
+    /// `InvalidArgument`).
     pub fn new(sizes: &[usize], config: &MlpConfig, rng: &mut Rng) -> Result<Self> {
+        if sizes.contains(&0) {
+            return Err(sizes_error(sizes));
+        }
         let Some((&out, hidden)) = sizes.split_last() else {
             return Err(sizes_error(sizes));
         };
@@ -173,7 +177,7 @@ impl<T: Element> Mlp<T> {
 fn sizes_error(sizes: &[usize]) -> Error {
     Error::InvalidArgument {
         op: "Mlp",
-        msg: format!("need at least input and output sizes, got {sizes:?}"),
+        msg: format!("need at least input and output sizes, all > 0, got {sizes:?}"),
     }
 }
 
