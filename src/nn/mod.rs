@@ -61,7 +61,6 @@ mod linear;
 mod mlp;
 mod optim;
 mod rms_norm;
-mod twin;
 
 pub use init::Init;
 pub use layer_norm::{LayerNorm, NormImpl};
