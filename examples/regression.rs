@@ -21,7 +21,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         norm_impl: NormImpl::Composed,
         ..config
     })?;
-    println!("{:>6} {:>12} {:>12} {:>10}", "step", "mse fused", "composed", "|diff|");
+    println!(
+        "{:>6} {:>12} {:>12} {:>10}",
+        "step", "mse fused", "composed", "|diff|"
+    );
     let mut max_diff = 0.0f64;
     for (t, (f, c)) in fused.losses.iter().zip(&composed.losses).enumerate() {
         max_diff = max_diff.max((f - c).abs());

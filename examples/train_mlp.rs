@@ -25,7 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         h = config.hidden,
     );
     let a = compare_spirals_with::<f32>(&config)?;
-    println!("{:>6} {:>12} {:>12} {:>10}", "step", "fused", "composed", "|diff|");
+    println!(
+        "{:>6} {:>12} {:>12} {:>10}",
+        "step", "fused", "composed", "|diff|"
+    );
     for (t, (f, c)) in a.fused.losses.iter().zip(&a.composed.losses).enumerate() {
         if t % every.max(1) == 0 {
             println!("{t:>6} {f:>12.6} {c:>12.6} {:>10.2e}", (f - c).abs());

@@ -2,9 +2,7 @@
 //! measured on the seeded demos in `fusegrad::nn::demo`.
 
 use fusegrad::gradcheck::{check, Options};
-use fusegrad::nn::demo::{
-    compare_spirals_with, train_regression, RegressionConfig, SpiralConfig,
-};
+use fusegrad::nn::demo::{compare_spirals_with, train_regression, RegressionConfig, SpiralConfig};
 use fusegrad::nn::{
     Activation, Adam, AdamConfig, Bound, Init, LayerNorm, Linear, Mlp, MlpConfig, Module, Norm,
     NormImpl, Optimizer, RmsNorm, Sgd, SgdConfig,
@@ -79,7 +77,12 @@ fn spirals_fused_matches_composed_f64() {
 fn regression_trains_with_rms_norm() {
     let config = RegressionConfig::default();
     let f = train_regression::<f32>(&config).unwrap();
-    assert!(f.reduction() > 50.0, "mse {} -> {}", f.losses[0], f.final_loss);
+    assert!(
+        f.reduction() > 50.0,
+        "mse {} -> {}",
+        f.losses[0],
+        f.final_loss
+    );
     assert!(f.test_r2.unwrap() > 0.95, "{:?}", f.test_r2);
     // Runs are deterministic, so a shorter composed run is a prefix.
     let c = train_regression::<f32>(&RegressionConfig {
@@ -111,13 +114,14 @@ fn linear_layer_norm_stack_gradcheck() {
             rand64(&mut rng, &[4]),
             rand64(&mut rng, &[4]),
         ];
-        let f = |v: &[fusegrad::Var<f64>]| {
-            model.forward(&Bound::from_vars(v[1..].to_vec()), &v[0])
-        };
+        let f = |v: &[fusegrad::Var<f64>]| model.forward(&Bound::from_vars(v[1..].to_vec()), &v[0]);
         let report = check(f, &inputs, &Options::default()).unwrap();
         assert_eq!(report.inputs.len(), 5);
         assert!(report.passed(), "{imp:?}\n{report}");
-        assert!(report.inputs.iter().all(|r| r.checked == r.shape.iter().product()));
+        assert!(report
+            .inputs
+            .iter()
+            .all(|r| r.checked == r.shape.iter().product()));
     }
 }
 
@@ -126,7 +130,10 @@ fn linear_layer_norm_stack_gradcheck() {
 #[test]
 fn mlp_gradcheck() {
     let mut rng = Rng::new(12);
-    for (norm, act) in [(Norm::LayerNorm, Activation::Gelu), (Norm::RmsNorm, Activation::Tanh)] {
+    for (norm, act) in [
+        (Norm::LayerNorm, Activation::Gelu),
+        (Norm::RmsNorm, Activation::Tanh),
+    ] {
         let config = MlpConfig {
             norm,
             activation: act,
@@ -171,12 +178,20 @@ fn layer_norm_module_values() {
     let ln = LayerNorm::<f64>::new(8).unwrap();
     assert_eq!(ln.imp(), NormImpl::Fused);
     let yf = vals(&ln.predict(&x).unwrap());
-    let yc = vals(&ln.clone().with_impl(NormImpl::Composed).predict(&x).unwrap());
+    let yc = vals(
+        &ln.clone()
+            .with_impl(NormImpl::Composed)
+            .predict(&x)
+            .unwrap(),
+    );
     assert!(F64_VS_REFERENCE.accepts_all(&yf, &yc));
     for row in yf.chunks(8) {
         let m = row.iter().sum::<f64>() / 8.0;
         let v = row.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / 8.0;
-        assert!(m.abs() < 1e-12 && (v - 1.0).abs() < 1e-3, "mean {m} var {v}");
+        assert!(
+            m.abs() < 1e-12 && (v - 1.0).abs() < 1e-3,
+            "mean {m} var {v}"
+        );
     }
     let rms = RmsNorm::<f64>::new(8).unwrap();
     let rf = vals(&rms.predict(&x).unwrap());
@@ -195,16 +210,26 @@ fn init_is_deterministic_and_param_orders_agree() {
     let b = Mlp::<f32>::new(&sizes, &MlpConfig::default(), &mut Rng::new(5)).unwrap();
     let mut c = Mlp::<f32>::new(&sizes, &MlpConfig::default(), &mut Rng::new(6)).unwrap();
     let flat = |m: &Mlp<f32>| -> Vec<f64> {
-        m.params().iter().flat_map(|p| p.to_f64_vec().unwrap()).collect()
+        m.params()
+            .iter()
+            .flat_map(|p| p.to_f64_vec().unwrap())
+            .collect()
     };
     assert_eq!(flat(&a), flat(&b));
     assert_ne!(flat(&a), flat(&c));
     // W, b, gamma, beta per block, then the head's W, b.
     let shapes: Vec<Vec<usize>> = a.params().iter().map(|p| p.shape().to_vec()).collect();
     let want: Vec<Vec<usize>> = vec![
-        vec![2, 8], vec![8], vec![8], vec![8],
-        vec![8, 8], vec![8], vec![8], vec![8],
-        vec![8, 3], vec![3],
+        vec![2, 8],
+        vec![8],
+        vec![8],
+        vec![8],
+        vec![8, 8],
+        vec![8],
+        vec![8],
+        vec![8],
+        vec![8, 3],
+        vec![3],
     ];
     assert_eq!(shapes, want);
     let shapes_mut: Vec<Vec<usize>> = c.params_mut().iter().map(|p| p.shape().to_vec()).collect();
@@ -220,8 +245,16 @@ fn init_bounds_and_variance() {
     let mut rng = Rng::new(9);
     let (fi, fo) = (200, 100);
     let cases = [
-        (Init::kaiming_relu(), (6.0 / fi as f64).sqrt(), 2.0 / fi as f64),
-        (Init::xavier(), (6.0 / (fi + fo) as f64).sqrt(), 2.0 / (fi + fo) as f64),
+        (
+            Init::kaiming_relu(),
+            (6.0 / fi as f64).sqrt(),
+            2.0 / fi as f64,
+        ),
+        (
+            Init::xavier(),
+            (6.0 / (fi + fo) as f64).sqrt(),
+            2.0 / (fi + fo) as f64,
+        ),
     ];
     for (init, bound, var) in cases {
         let w: Tensor<f64> = init.tensor(&[fi, fo], fi, fo, &mut rng).unwrap();
@@ -236,7 +269,11 @@ fn init_bounds_and_variance() {
     assert!(matches!(bad, Err(Error::InvalidArgument { .. })));
     let bad = Init::KaimingUniform { gain: 1.0 }.tensor::<f32>(&[2], 0, 1, &mut rng);
     assert!(matches!(bad, Err(Error::InvalidArgument { .. })));
-    let bad = Init::Normal { mean: 0.0, std: f64::NAN }.tensor::<f32>(&[2], 1, 1, &mut rng);
+    let bad = Init::Normal {
+        mean: 0.0,
+        std: f64::NAN,
+    }
+    .tensor::<f32>(&[2], 1, 1, &mut rng);
     assert!(matches!(bad, Err(Error::InvalidArgument { .. })));
 }
 
@@ -247,7 +284,10 @@ fn init_bounds_and_variance() {
 fn sgd_steps_by_hand() {
     let g = t64(&[2], &[0.5, 1.0]);
     let mut p = t64(&[2], &[1.0, -2.0]);
-    Sgd::with_lr(0.1).unwrap().update(&mut [&mut p], &[g.clone()]).unwrap();
+    Sgd::with_lr(0.1)
+        .unwrap()
+        .update(&mut [&mut p], std::slice::from_ref(&g))
+        .unwrap();
     assert_eq!(vals(&p), [0.95, -2.1]);
 
     let mut p = t64(&[2], &[1.0, -2.0]);
@@ -257,7 +297,7 @@ fn sgd_steps_by_hand() {
         weight_decay: 0.1,
     })
     .unwrap();
-    sgd.update(&mut [&mut p], &[g.clone()]).unwrap();
+    sgd.update(&mut [&mut p], std::slice::from_ref(&g)).unwrap();
     // g' = g + 0.1 p = [0.6, 0.8].
     assert!(F64_VS_REFERENCE.accepts_all(&vals(&p), &[0.94, -2.08]));
 
@@ -271,7 +311,8 @@ fn sgd_steps_by_hand() {
     sgd.update(&mut [&mut p], &[g]).unwrap();
     assert!(F64_VS_REFERENCE.accepts_all(&vals(&p), &[0.95, -2.1]));
     // v = 0.9 [0.5, 1] + [-1, 0.25] = [-0.55, 1.15].
-    sgd.update(&mut [&mut p], &[t64(&[2], &[-1.0, 0.25])]).unwrap();
+    sgd.update(&mut [&mut p], &[t64(&[2], &[-1.0, 0.25])])
+        .unwrap();
     assert!(F64_VS_REFERENCE.accepts_all(&vals(&p), &[1.005, -2.215]));
 }
 
@@ -284,12 +325,17 @@ fn adam_steps_by_hand() {
     })
     .unwrap();
     let mut p = t64(&[2], &[0.5, -1.0]);
-    adam.update(&mut [&mut p], &[t64(&[2], &[0.2, -0.4])]).unwrap();
+    adam.update(&mut [&mut p], &[t64(&[2], &[0.2, -0.4])])
+        .unwrap();
     assert_eq!(adam.steps(), 1);
     // Step 1: m_hat = g, v_hat = g^2, so p -= 0.1 g / (|g| + 1e-8).
-    let p1 = [0.5 - 0.1 * 0.2 / (0.2 + 1e-8), -1.0 + 0.1 * 0.4 / (0.4 + 1e-8)];
+    let p1 = [
+        0.5 - 0.1 * 0.2 / (0.2 + 1e-8),
+        -1.0 + 0.1 * 0.4 / (0.4 + 1e-8),
+    ];
     assert!(F64_VS_REFERENCE.accepts_all(&vals(&p), &p1));
-    adam.update(&mut [&mut p], &[t64(&[2], &[-0.1, 0.3])]).unwrap();
+    adam.update(&mut [&mut p], &[t64(&[2], &[-0.1, 0.3])])
+        .unwrap();
     // Step 2: m = 0.9 * 0.1 g1 + 0.1 g2, v = 0.999 * 0.001 g1^2 + 0.001 g2^2.
     let m = [0.9 * 0.02 + 0.1 * -0.1, 0.9 * -0.04 + 0.1 * 0.3];
     let v = [
@@ -300,7 +346,11 @@ fn adam_steps_by_hand() {
     let p2: Vec<f64> = (0..2)
         .map(|i| p1[i] - 0.1 * (m[i] / c1) / ((v[i] / c2).sqrt() + 1e-8))
         .collect();
-    assert!(F64_VS_REFERENCE.accepts_all(&vals(&p), &p2), "{:?} vs {p2:?}", vals(&p));
+    assert!(
+        F64_VS_REFERENCE.accepts_all(&vals(&p), &p2),
+        "{:?} vs {p2:?}",
+        vals(&p)
+    );
     adam.reset();
     assert_eq!(adam.steps(), 0);
 }
@@ -318,7 +368,11 @@ fn step_updates_the_model() {
     let loss_of = |m: &Linear<f64>| -> f64 {
         let tape = Tape::new();
         let y = tape.constant(m.predict(&x).unwrap());
-        vals(ops::mse(&y, &tape.constant(target.clone())).unwrap().value())[0]
+        vals(
+            ops::mse(&y, &tape.constant(target.clone()))
+                .unwrap()
+                .value(),
+        )[0]
     };
     let before = loss_of(&model);
     let tape = Tape::new();
@@ -329,7 +383,10 @@ fn step_updates_the_model() {
     let g = p.grads(&grads).unwrap();
     let mut opt = Sgd::with_lr(0.1).unwrap();
     opt.step(&mut model, &p, &grads).unwrap();
-    Sgd::with_lr(0.1).unwrap().update(&mut twin.params_mut(), &g).unwrap();
+    Sgd::with_lr(0.1)
+        .unwrap()
+        .update(&mut twin.params_mut(), &g)
+        .unwrap();
     for (a, b) in model.params().iter().zip(twin.params()) {
         assert_eq!(vals(a), vals(b));
     }
@@ -357,9 +414,15 @@ fn layer_shape_errors() {
         }
     );
     let scalar_x = tape.constant(Tensor::<f32>::scalar(1.0));
-    assert!(matches!(lin.forward(&p, &scalar_x), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(
+        lin.forward(&p, &scalar_x),
+        Err(Error::ShapeMismatch { .. })
+    ));
 
-    assert!(matches!(Linear::<f32>::new(0, 2, &mut rng), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        Linear::<f32>::new(0, 2, &mut rng),
+        Err(Error::InvalidArgument { .. })
+    ));
     let w = Tensor::<f32>::zeros(&[3, 2]).unwrap();
     let b = Tensor::<f32>::zeros(&[3]).unwrap();
     assert_eq!(
@@ -371,14 +434,29 @@ fn layer_shape_errors() {
         }
     );
     let w3 = Tensor::<f32>::zeros(&[3, 2, 1]).unwrap();
-    assert!(matches!(Linear::from_tensors(w3, None), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        Linear::from_tensors(w3, None),
+        Err(Error::InvalidArgument { .. })
+    ));
 
     let ln = LayerNorm::<f32>::new(4).unwrap();
     let x = tape.constant(Tensor::<f32>::zeros(&[2, 3]).unwrap());
-    assert!(matches!(ln.forward(&ln.bind(&tape), &x), Err(Error::ShapeMismatch { .. })));
-    assert!(matches!(LayerNorm::<f32>::with_options(4, 0.0, true), Err(Error::BadEps { .. })));
-    assert!(matches!(RmsNorm::<f32>::with_options(4, f64::NAN, true), Err(Error::BadEps { .. })));
-    assert!(matches!(LayerNorm::<f32>::new(0), Err(Error::EmptyNormalized { .. })));
+    assert!(matches!(
+        ln.forward(&ln.bind(&tape), &x),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        LayerNorm::<f32>::with_options(4, 0.0, true),
+        Err(Error::BadEps { .. })
+    ));
+    assert!(matches!(
+        RmsNorm::<f32>::with_options(4, f64::NAN, true),
+        Err(Error::BadEps { .. })
+    ));
+    assert!(matches!(
+        LayerNorm::<f32>::new(0),
+        Err(Error::EmptyNormalized { .. })
+    ));
     assert!(matches!(
         Mlp::<f32>::new(&[3], &MlpConfig::default(), &mut rng),
         Err(Error::InvalidArgument { .. })
@@ -395,27 +473,48 @@ fn layer_shape_errors() {
 fn bound_mismatch_errors() {
     let mut rng = Rng::new(2);
     let a = Linear::<f32>::new(3, 2, &mut rng).unwrap();
-    let b = (Linear::<f32>::new(3, 2, &mut rng).unwrap(), LayerNorm::new(2).unwrap());
+    let b = (
+        Linear::<f32>::new(3, 2, &mut rng).unwrap(),
+        LayerNorm::new(2).unwrap(),
+    );
     let c = Linear::<f32>::with_init(3, 2, false, Init::xavier(), Init::Zeros, &mut rng).unwrap();
     let tape = Tape::new();
     let x = tape.constant(Tensor::<f32>::zeros(&[1, 3]).unwrap());
     // Too many entries.
-    assert!(matches!(a.forward(&b.bind(&tape), &x), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        a.forward(&b.bind(&tape), &x),
+        Err(Error::InvalidArgument { .. })
+    ));
     // Too few.
-    assert!(matches!(b.forward(&a.bind(&tape), &x), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        b.forward(&a.bind(&tape), &x),
+        Err(Error::InvalidArgument { .. })
+    ));
     // Right count, wrong shape: c's weight against a's [3, 2] weight is fine,
     // but a's bias is one too many for c.
-    assert!(matches!(c.forward(&a.bind(&tape), &x), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        c.forward(&a.bind(&tape), &x),
+        Err(Error::InvalidArgument { .. })
+    ));
     let d = Linear::<f32>::new(2, 3, &mut rng).unwrap();
     let x2 = tape.constant(Tensor::<f32>::zeros(&[1, 2]).unwrap());
-    assert!(matches!(d.forward(&a.bind(&tape), &x2), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(
+        d.forward(&a.bind(&tape), &x2),
+        Err(Error::ShapeMismatch { .. })
+    ));
     // A Bound on another tape.
     let other = Tape::new();
-    assert!(matches!(a.forward(&a.bind(&other), &x), Err(Error::TapeMismatch { .. })));
+    assert!(matches!(
+        a.forward(&a.bind(&other), &x),
+        Err(Error::TapeMismatch { .. })
+    ));
     // A parameter replaced by one of another shape.
     let mut e = a.clone();
     *e.params_mut()[0] = Tensor::<f32>::scalar(1.0);
-    assert!(matches!(e.predict(&Tensor::<f32>::zeros(&[1, 3]).unwrap()), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(
+        e.predict(&Tensor::<f32>::zeros(&[1, 3]).unwrap()),
+        Err(Error::ShapeMismatch { .. })
+    ));
 }
 
 /// Optimizer errors are checked before anything changes.
@@ -427,7 +526,10 @@ fn optimizer_errors_leave_params_untouched() {
     let bad = Tensor::<f32>::zeros(&[3, 2]).unwrap();
     let mut adam = Adam::<f32>::with_lr(0.1).unwrap();
     // The second gradient has the wrong shape: neither parameter moves.
-    let e = adam.update(&mut [&mut q, &mut p], &[Tensor::full(&[2], 1.0).unwrap(), bad.clone()]);
+    let e = adam.update(
+        &mut [&mut q, &mut p],
+        &[Tensor::full(&[2], 1.0).unwrap(), bad.clone()],
+    );
     assert_eq!(
         e.unwrap_err(),
         Error::ShapeMismatch {
@@ -438,7 +540,9 @@ fn optimizer_errors_leave_params_untouched() {
     );
     assert_eq!(q.to_f64_vec().unwrap(), [2.0, 2.0]);
     assert_eq!(adam.steps(), 0);
-    let e = Sgd::<f32>::with_lr(0.1).unwrap().update(&mut [&mut p], &[good.clone(), good.clone()]);
+    let e = Sgd::<f32>::with_lr(0.1)
+        .unwrap()
+        .update(&mut [&mut p], &[good.clone(), good.clone()]);
     assert!(matches!(e, Err(Error::InvalidArgument { .. })));
     assert_eq!(p.to_f64_vec().unwrap(), [1.0; 6]);
     // State built for one parameter set, then used on another.
@@ -447,13 +551,15 @@ fn optimizer_errors_leave_params_untouched() {
         ..SgdConfig::default()
     })
     .unwrap();
-    sgd.update(&mut [&mut p], &[good.clone()]).unwrap();
+    sgd.update(&mut [&mut p], std::slice::from_ref(&good))
+        .unwrap();
     assert!(matches!(
         sgd.update(&mut [&mut q], &[Tensor::zeros(&[2]).unwrap()]),
         Err(Error::InvalidArgument { .. })
     ));
     sgd.reset();
-    sgd.update(&mut [&mut q], &[Tensor::zeros(&[2]).unwrap()]).unwrap();
+    sgd.update(&mut [&mut q], &[Tensor::zeros(&[2]).unwrap()])
+        .unwrap();
     adam.update(&mut [&mut p], &[good]).unwrap();
     assert!(matches!(
         adam.update(&mut [&mut q], &[Tensor::zeros(&[2]).unwrap()]),
@@ -462,9 +568,20 @@ fn optimizer_errors_leave_params_untouched() {
     // Bad hyperparameters.
     assert!(Sgd::<f32>::with_lr(f64::NAN).is_err());
     assert!(Sgd::<f32>::with_lr(-1.0).is_err());
-    assert!(Adam::<f32>::new(AdamConfig { beta1: 1.0, ..AdamConfig::default() }).is_err());
-    assert!(Adam::<f32>::new(AdamConfig { eps: 0.0, ..AdamConfig::default() }).is_err());
-    assert!(Adam::<f32>::with_lr(0.1).unwrap().set_lr(f64::INFINITY).is_err());
+    assert!(Adam::<f32>::new(AdamConfig {
+        beta1: 1.0,
+        ..AdamConfig::default()
+    })
+    .is_err());
+    assert!(Adam::<f32>::new(AdamConfig {
+        eps: 0.0,
+        ..AdamConfig::default()
+    })
+    .is_err());
+    assert!(Adam::<f32>::with_lr(0.1)
+        .unwrap()
+        .set_lr(f64::INFINITY)
+        .is_err());
 }
 
 /// Stepping with frozen (constant) parameters is an error, not a silent
@@ -480,4 +597,29 @@ fn step_with_frozen_bound_is_an_error() {
     let grads = loss.backward().unwrap();
     let e = Sgd::with_lr(0.1).unwrap().step(&mut lin, &p, &grads);
     assert!(matches!(e, Err(Error::NoGradient { .. })));
+}
+
+/// A tuple `(Linear, LayerNorm, GELU, Linear)` has the parameter order of
+/// a one-hidden-layer Mlp, so it runs on the Mlp's bound parameters and
+/// gives the same output.
+#[test]
+fn tuple_of_modules_matches_mlp() {
+    let mut rng = Rng::new(21);
+    let mlp = Mlp::<f64>::new(&[2, 8, 3], &MlpConfig::default(), &mut rng).unwrap();
+    let seq = (
+        Linear::<f64>::new(2, 8, &mut rng).unwrap(),
+        LayerNorm::new(8).unwrap(),
+        Activation::Gelu,
+        Linear::new(8, 3, &mut rng).unwrap(),
+    );
+    assert_eq!(seq.num_params(), mlp.num_params());
+    let tape = Tape::new();
+    let p = mlp.bind(&tape);
+    let x = tape.constant(rand64(&mut rng, &[5, 2]));
+    let a = mlp.forward(&p, &x).unwrap();
+    let b = seq.forward(&p, &x).unwrap();
+    assert_eq!(b.shape(), [5, 3]);
+    assert_eq!(vals(a.value()), vals(b.value()));
+    // With its own parameters the tuple computes something else.
+    assert_ne!(vals(a.value()), vals(&seq.predict(x.value()).unwrap()));
 }

@@ -14,6 +14,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::rng::Rng;
+use crate::shape::checked_numel;
 use crate::tape::Tape;
 use crate::tensor::Tensor;
 use std::time::Instant;
@@ -44,22 +45,28 @@ pub fn spirals<T: Element>(
             msg: format!("need >= 2 classes and >= 1 point each, got {classes} x {per_class}"),
         });
     }
+    let n = classes
+        .checked_mul(per_class)
+        .filter(|n| n.checked_mul(2 * std::mem::size_of::<T>()).is_some())
+        .ok_or_else(|| Error::ShapeTooLarge {
+            op: "spirals",
+            shape: vec![classes, per_class, 2],
+        })?;
     let mut rng = Rng::new(seed);
-    let mut x = Vec::with_capacity(2 * classes * per_class);
-    let mut labels = Vec::with_capacity(classes * per_class);
+    let mut x = Vec::with_capacity(2 * n);
+    let mut labels = Vec::with_capacity(n);
     for k in 0..classes {
         for i in 0..per_class {
             let r = (i + 1) as f64 / per_class as f64;
-            let a = std::f64::consts::TAU * k as f64 / classes as f64
-                + 7.0 * r
-                + noise * rng.normal();
+            let a =
+                std::f64::consts::TAU * k as f64 / classes as f64 + 7.0 * r + noise * rng.normal();
             x.push(T::from_f64(r * a.cos()));
             x.push(T::from_f64(r * a.sin()));
             labels.push(k);
         }
     }
     Ok(Classification {
-        x: Tensor::from_vec(vec![classes * per_class, 2], x)?,
+        x: Tensor::from_vec(vec![n, 2], x)?,
         labels,
     })
 }
@@ -123,7 +130,9 @@ pub struct TrainReport {
 impl TrainReport {
     /// First recorded loss divided by the final loss.
     pub fn reduction(&self) -> f64 {
-        self.losses.first().map_or(f64::NAN, |l0| l0 / self.final_loss)
+        self.losses
+            .first()
+            .map_or(f64::NAN, |l0| l0 / self.final_loss)
     }
 }
 
@@ -203,9 +212,8 @@ pub fn train_spirals_with<T: Element>(config: &SpiralConfig) -> Result<TrainRepo
     let seconds = start.elapsed().as_secs_f64();
     let final_logits = model.predict(&train.x)?;
     let tape = Tape::new();
-    let final_loss = scalar(
-        ops::cross_entropy(&tape.constant(final_logits.clone()), &train.labels)?.value(),
-    )?;
+    let final_loss =
+        scalar(ops::cross_entropy(&tape.constant(final_logits.clone()), &train.labels)?.value())?;
     Ok(TrainReport {
         losses,
         final_loss,
@@ -325,6 +333,7 @@ pub fn regression_target(x: &[f64]) -> f64 {
 }
 
 fn regression_data<T: Element>(n: usize, seed: u64) -> Result<(Tensor<T>, Tensor<T>)> {
+    checked_numel("train_regression", &[n, 4], std::mem::size_of::<f64>())?;
     let mut rng = Rng::new(seed);
     let x: Vec<f64> = rng.vec(4 * n);
     let y: Vec<f64> = x.chunks_exact(4).map(regression_target).collect();
@@ -372,7 +381,11 @@ pub fn train_regression<T: Element>(config: &RegressionConfig) -> Result<TrainRe
     let seconds = start.elapsed().as_secs_f64();
     let mse = |pred: &Tensor<T>, want: &Tensor<T>| -> Result<f64> {
         let (p, w) = (pred.to_f64_vec()?, want.to_f64_vec()?);
-        Ok(p.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum::<f64>() / w.len().max(1) as f64)
+        Ok(p.iter()
+            .zip(&w)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum::<f64>()
+            / w.len().max(1) as f64)
     };
     let final_loss = mse(&model.predict(&x)?, &y)?;
     let wt = yt.to_f64_vec()?;

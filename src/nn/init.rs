@@ -110,7 +110,9 @@ impl Init {
             Init::KaimingUniform { gain } => {
                 let gain = finite("gain", gain)?;
                 if fan_in == 0 {
-                    return Err(bad(format!("Kaiming init of shape {shape:?} with fan_in 0")));
+                    return Err(bad(format!(
+                        "Kaiming init of shape {shape:?} with fan_in 0"
+                    )));
                 }
                 uniform(gain.abs() * (3.0 / fan_in as f64).sqrt(), rng)
             }
@@ -118,7 +120,9 @@ impl Init {
                 let gain = finite("gain", gain)?;
                 let fans = fan_in as f64 + fan_out as f64;
                 if fans == 0.0 {
-                    return Err(bad(format!("Xavier init of shape {shape:?} with fans 0 + 0")));
+                    return Err(bad(format!(
+                        "Xavier init of shape {shape:?} with fans 0 + 0"
+                    )));
                 }
                 uniform(gain.abs() * (6.0 / fans).sqrt(), rng)
             }

@@ -44,8 +44,9 @@
 //! # }
 //! ```
 //!
-//! Modules compose: a tuple `(A, B)` of modules is a module that runs `A`
-//! then `B`, and [`Mlp`] stacks `Linear -> norm -> activation` blocks.
+//! Modules compose: a tuple of modules (2 to 6) is a module that runs them
+//! in order, e.g. `(Linear, LayerNorm, Activation::Gelu, Linear)`, and
+//! [`Mlp`] stacks `Linear -> norm -> activation` blocks.
 //! A module implements [`Module::forward_params`], taking its parameters
 //! from a [`ParamCursor`] in the same order as [`Module::params`]; a
 //! [`Bound`] of the wrong length or with a wrongly shaped entry is an error,
@@ -89,7 +90,11 @@ pub trait Module<T: Element> {
     /// Records every parameter on `tape` as a Var that takes a gradient.
     fn bind(&self, tape: &Tape<T>) -> Bound<T> {
         Bound {
-            vars: self.params().into_iter().map(|t| tape.var(t.clone())).collect(),
+            vars: self
+                .params()
+                .into_iter()
+                .map(|t| tape.var(t.clone()))
+                .collect(),
         }
     }
 
@@ -177,13 +182,16 @@ impl<'a, T: Element> ParamCursor<'a, T> {
     /// The next bound parameter, which must have `shape`; `op` names the
     /// layer in errors.
     pub fn take(&mut self, op: &'static str, shape: &[usize]) -> Result<&'a Var<T>> {
-        let v = self.vars.get(self.next).ok_or_else(|| Error::InvalidArgument {
-            op,
-            msg: format!(
-                "bound parameter list has {} entries, the module needs more",
-                self.vars.len()
-            ),
-        })?;
+        let v = self
+            .vars
+            .get(self.next)
+            .ok_or_else(|| Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "bound parameter list has {} entries, the module needs more",
+                    self.vars.len()
+                ),
+            })?;
         if v.shape() != shape {
             return Err(Error::ShapeMismatch {
                 op,
@@ -212,44 +220,35 @@ impl<'a, T: Element> ParamCursor<'a, T> {
     }
 }
 
-/// `(A, B)` runs `A` then `B`; parameters are `A`'s followed by `B`'s.
-impl<T: Element, A: Module<T>, B: Module<T>> Module<T> for (A, B) {
-    fn params(&self) -> Vec<&Tensor<T>> {
-        let mut p = self.0.params();
-        p.extend(self.1.params());
-        p
-    }
-    fn params_mut(&mut self) -> Vec<&mut Tensor<T>> {
-        let mut p = self.0.params_mut();
-        p.extend(self.1.params_mut());
-        p
-    }
-    fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
-        let h = self.0.forward_params(p, x)?;
-        self.1.forward_params(p, &h)
-    }
+/// A tuple of modules runs them in order; its parameters are the first
+/// module's, then the second's, and so on (tuples of 2 to 6).
+macro_rules! tuple_module {
+    ($($m:ident $i:tt),+) => {
+        impl<T: Element, $($m: Module<T>),+> Module<T> for ($($m,)+) {
+            fn params(&self) -> Vec<&Tensor<T>> {
+                let mut p = Vec::new();
+                $(p.extend(self.$i.params());)+
+                p
+            }
+            fn params_mut(&mut self) -> Vec<&mut Tensor<T>> {
+                let mut p = Vec::new();
+                $(p.extend(self.$i.params_mut());)+
+                p
+            }
+            fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
+                let h = x.clone();
+                $(let h = self.$i.forward_params(p, &h)?;)+
+                Ok(h)
+            }
+        }
+    };
 }
 
-/// `(A, B, C)` runs `A`, `B`, then `C`.
-impl<T: Element, A: Module<T>, B: Module<T>, C: Module<T>> Module<T> for (A, B, C) {
-    fn params(&self) -> Vec<&Tensor<T>> {
-        let mut p = self.0.params();
-        p.extend(self.1.params());
-        p.extend(self.2.params());
-        p
-    }
-    fn params_mut(&mut self) -> Vec<&mut Tensor<T>> {
-        let mut p = self.0.params_mut();
-        p.extend(self.1.params_mut());
-        p.extend(self.2.params_mut());
-        p
-    }
-    fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
-        let h = self.0.forward_params(p, x)?;
-        let h = self.1.forward_params(p, &h)?;
-        self.2.forward_params(p, &h)
-    }
-}
+tuple_module!(A 0, B 1);
+tuple_module!(A 0, B 1, C 2);
+tuple_module!(A 0, B 1, C 2, D 3);
+tuple_module!(A 0, B 1, C 2, D 3, E 4);
+tuple_module!(A 0, B 1, C 2, D 3, E 4, F 5);
 
 /// Checks that `x`'s last dim is `d`; `op` names the layer.
 fn check_last_dim(op: &'static str, x: &[usize], d: usize) -> Result<()> {

@@ -58,7 +58,8 @@ fn check<T: Element>(
         g.as_slice()?;
     }
     if !state.is_empty()
-        && (state.len() != params.len() || state.iter().zip(params).any(|(s, p)| s.len() != p.numel()))
+        && (state.len() != params.len()
+            || state.iter().zip(params).any(|(s, p)| s.len() != p.numel()))
     {
         return Err(Error::InvalidArgument {
             op,
