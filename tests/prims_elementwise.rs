@@ -3,6 +3,7 @@
 //! (a) the f64 gradient against central finite differences and (b) the f32
 //! run against the f64 run, outputs and gradients, with random cotangents.
 //! Then exact values on small cases, saved-state sizes, and error variants.
+#![allow(clippy::type_complexity)]
 
 use fusegrad::gradcheck::{self, Options};
 use fusegrad::rng::Rng;
