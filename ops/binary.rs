@@ -1,7 +1,7 @@
 //! Broadcasting binary arithmetic: add, sub, mul, div. Each backward returns
 //! gradients in the broadcast output shape; the tape sums them back.
 
-use super::util::{broadcast_zip, zip3};
+use super::util::broadcast_zip;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::op::Op;
@@ -44,7 +44,10 @@ impl<T: Element> Op<T> for Binary {
     }
 
     /// d(a+b) = (g, g); d(a-b) = (g, -g); d(ab) = (g b, g a);
-    /// d(a/b) = (g / b, -g a / b^2).
+    /// d(a/b) = (g / b, -(g / b) (a / b)). The last is `-g a / b^2` with
+    /// both factors bounded by quantities the forward already formed (the
+    /// first gradient and the output), so it never forms `b^2`, which
+    /// overflows or underflows for |b| past the square root of the range.
     fn backward(
         &self,
         s: &Self::State,
@@ -54,25 +57,24 @@ impl<T: Element> Op<T> for Binary {
         let name = <Self as Op<T>>::name(self);
         let neg = || super::util::map(g, |v| -v);
         let bz = |t: &Tensor<T>, f: fn(T::Acc, T::Acc) -> T::Acc| broadcast_zip(name, g, t, f);
+        let need = |i: usize| needs.get(i).copied().unwrap_or(true);
         Ok(match (self.0, s) {
             (Kind::Add, _) => vec![Some(g.clone()), Some(g.clone())],
-            (Kind::Sub, _) => vec![Some(g.clone()), needs[1].then(neg).transpose()?],
+            (Kind::Sub, _) => vec![Some(g.clone()), need(1).then(neg).transpose()?],
             (Kind::Mul, Some((a, b))) => vec![
-                needs[0].then(|| bz(b, |g, b| g * b)).transpose()?,
-                needs[1].then(|| bz(a, |g, a| g * a)).transpose()?,
+                need(0).then(|| bz(b, |g, b| g * b)).transpose()?,
+                need(1).then(|| bz(a, |g, a| g * a)).transpose()?,
             ],
             (Kind::Div, Some((a, b))) => {
-                let da = needs[0].then(|| bz(b, |g, b| g / b)).transpose()?;
-                let db = if needs[1] {
-                    // Broadcast a and b to g's shape first, then combine.
-                    let ab = broadcast_zip(name, a, b, |a, b| a / (b * b))?;
-                    let ab = broadcast_zip(name, &ab, g, |r, _| r)?;
-                    let g = broadcast_zip(name, g, &ab, |g, _| g)?;
-                    Some(zip3(&g, &ab, &ab, |g, r, _| -g * r)?)
+                // g / b in the output shape (g's), shared by both gradients.
+                let gb = bz(b, |g, b| g / b)?;
+                let db = if need(1) {
+                    let y = broadcast_zip(name, a, b, |a, b| a / b)?;
+                    Some(broadcast_zip(name, &gb, &y, |q, y| -(q * y))?)
                 } else {
                     None
                 };
-                vec![da, db]
+                vec![need(0).then_some(gb), db]
             }
             _ => unreachable_state(name)?,
         })

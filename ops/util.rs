@@ -64,20 +64,3 @@ pub fn broadcast_zip<T: Element>(
     });
     Tensor::from_vec(out, v)
 }
-
-/// `f(a, b, c)` elementwise; all three share one shape.
-pub fn zip3<T: Element>(
-    a: &Tensor<T>,
-    b: &Tensor<T>,
-    c: &Tensor<T>,
-    f: impl Fn(Acc<T>, Acc<T>, Acc<T>) -> Acc<T>,
-) -> Result<Tensor<T>> {
-    let (sa, sb, sc) = (a.as_slice()?, b.as_slice()?, c.as_slice()?);
-    let v = sa
-        .iter()
-        .zip(sb)
-        .zip(sc)
-        .map(|((&x, &y), &z)| T::from_acc(f(x.to_acc(), y.to_acc(), z.to_acc())))
-        .collect();
-    Tensor::from_vec(a.shape().to_vec(), v)
-}
