@@ -114,3 +114,104 @@ fn gradcheck_detects_a_wrong_gradient() {
     .unwrap();
     assert!(!r.passed());
 }
+
+/// The engine's user-error checklist in one place: each is an `Err` of its
+/// own variant naming the op and shapes (returned, not panicked: a panic
+/// would fail this test), and a failed op records nothing on the tape.
+#[test]
+fn every_user_error_is_a_specific_err() {
+    let tape = Tape::<f64>::new();
+    let other = Tape::<f64>::new();
+    let m = tape.var(arr2(&[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]));
+    let v = tape.var(arr1(&[1.0, 2.0]));
+    let w = other.var(arr1(&[1.0, 2.0]));
+    let before = tape.len();
+
+    assert_eq!(
+        ops::reshape(&m, &[4]).unwrap_err(),
+        Error::ShapeMismatch {
+            op: "reshape",
+            lhs: vec![2, 3],
+            rhs: vec![4]
+        }
+    );
+    assert_eq!(
+        ops::add(&m, &v).unwrap_err(),
+        Error::BroadcastMismatch {
+            op: "add",
+            lhs: vec![2, 3],
+            rhs: vec![2]
+        }
+    );
+    assert_eq!(
+        ops::matmul(&m, &m).unwrap_err(),
+        Error::MatmulMismatch {
+            op: "matmul",
+            lhs: vec![2, 3],
+            rhs: vec![2, 3],
+            k_lhs: 3,
+            k_rhs: 2
+        }
+    );
+    for axis in [2, -3] {
+        assert_eq!(
+            ops::sum_axes(&m, &[axis], false).unwrap_err(),
+            Error::AxisOutOfRange {
+                op: "sum_axes",
+                axis,
+                rank: 2,
+                shape: vec![2, 3]
+            }
+        );
+    }
+    assert_eq!(
+        ops::mul(&v, &w).unwrap_err(),
+        Error::TapeMismatch { op: "mul" }
+    );
+    assert_eq!(tape.len(), before, "a failed op recorded a node");
+
+    let y = ops::mul(&m, &m).unwrap();
+    assert_eq!(
+        y.backward().err(),
+        Some(Error::NonScalarLoss { shape: vec![2, 3] })
+    );
+    assert_eq!(
+        y.backward_with(&Tensor::zeros(&[3, 2]).unwrap()).err(),
+        Some(Error::SeedShape {
+            output: vec![2, 3],
+            seed: vec![3, 2]
+        })
+    );
+    let g = y
+        .backward_with(&Tensor::full(&[2, 3], 1.0).unwrap())
+        .unwrap();
+    assert_eq!(
+        g.wrt(&w).unwrap_err(),
+        Error::NotOnTape {
+            op: "Gradients::wrt",
+            id: w.id()
+        }
+    );
+}
+
+/// A Var used by three ops (`y = (x k + x) - x^2`) gets the sum of the
+/// three contributions: `dx = c (k + 1 - 2x)`.
+#[test]
+fn three_uses_sum_their_gradients() {
+    let tape = Tape::new();
+    let x = tape.var(arr1(&[1.5f64, -0.5, 2.0]));
+    let k = tape.constant(arr1(&[0.25f64, 3.0, -1.0]));
+    let y = ops::sub(
+        &ops::add(&ops::mul(&x, &k).unwrap(), &x).unwrap(),
+        &ops::powi(&x, 2).unwrap(),
+    )
+    .unwrap();
+    let c = arr1(&[0.5f64, -2.0, 0.25]);
+    let g = y
+        .backward_with(&Tensor::from_array(c))
+        .unwrap()
+        .wrt(&x)
+        .unwrap();
+    // 0.5 (0.25 + 1 - 3), -2 (3 + 1 + 1), 0.25 (-1 + 1 - 4): dyadic, exact.
+    assert_eq!(g.as_slice().unwrap(), &[-0.875, -10.0, -1.0]);
+}
