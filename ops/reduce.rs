@@ -1,1 +1,184 @@
-//! (in progress)
+//! Reductions: `sum` and `mean` over every axis or over chosen axes.
+//!
+//! For `y = sum_{i in R} x_i` (R: the reduced positions mapped to one output
+//! element) the local chain rule is `dx_i = g_{out(i)}`: the output gradient
+//! broadcast back over the reduced axes. For `mean`, `y = (1/n) sum x_i`
+//! with `n = |R|`, so `dx_i = g_{out(i)} / n`. Neither needs saved tensors;
+//! the op keeps only the input's shape and the reduced axes (metadata).
+
+use crate::dtype::{Accum, Element};
+use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::shape::{broadcast_strides, checked_numel, for_each_offset, normalize_axes};
+use crate::tape::{Tape, Var};
+use crate::tensor::Tensor;
+use num_traits::Zero;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Sum,
+    Mean,
+}
+
+struct Reduce {
+    name: &'static str,
+    kind: Kind,
+    /// Shape of the input.
+    in_shape: Vec<usize>,
+    /// Input shape with every reduced axis set to 1.
+    keep_shape: Vec<usize>,
+    /// Output shape (`keep_shape`, or it without the reduced axes).
+    out_shape: Vec<usize>,
+    /// Number of input elements folded into each output element.
+    count: usize,
+    /// True when the reduced axes are exactly the trailing ones, so each
+    /// output element is the sum of one contiguous chunk.
+    trailing: bool,
+}
+
+impl Reduce {
+    fn new(
+        name: &'static str,
+        kind: Kind,
+        shape: &[usize],
+        axes: &[isize],
+        keepdim: bool,
+    ) -> Result<Self> {
+        let axes = normalize_axes(name, axes, shape)?;
+        let mut keep_shape = shape.to_vec();
+        let mut out_shape = Vec::with_capacity(shape.len());
+        for (d, &n) in shape.iter().enumerate() {
+            if axes.contains(&d) {
+                keep_shape[d] = 1;
+                if keepdim {
+                    out_shape.push(1);
+                }
+            } else {
+                out_shape.push(n);
+            }
+        }
+        // `axes` is sorted and unique, so it is trailing iff it ends at rank-1
+        // and is contiguous.
+        let trailing = axes
+            .iter()
+            .enumerate()
+            .all(|(i, &a)| a == shape.len() - axes.len() + i);
+        Ok(Reduce {
+            name,
+            kind,
+            in_shape: shape.to_vec(),
+            keep_shape,
+            out_shape,
+            count: axes.iter().map(|&a| shape[a]).product(),
+            trailing,
+        })
+    }
+}
+
+/// Sum of a contiguous run in eight lanes (vectorizes, and keeps the
+/// rounding error of long runs lower than one running sum).
+fn sum_run<T: Element>(xs: &[T]) -> T::Acc {
+    let mut lanes = [T::Acc::zero(); 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v.to_acc();
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(T::Acc::zero(), |s, v| s + v.to_acc());
+    let [a, b, c, d, e, f, g, h] = lanes;
+    ((a + b) + (c + d)) + ((e + f) + (g + h)) + tail
+}
+
+impl<T: Element> Op<T> for Reduce {
+    /// Nothing: backward needs only shapes, which the op itself holds.
+    type State = ();
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, ())> {
+        if x[0].shape() != self.in_shape {
+            return Err(Error::ShapeMismatch {
+                op: self.name,
+                lhs: x[0].shape().to_vec(),
+                rhs: self.in_shape.clone(),
+            });
+        }
+        let xs = x[0].as_slice()?;
+        let n_out = checked_numel(self.name, &self.keep_shape, std::mem::size_of::<T>())?;
+        let sums: Vec<T::Acc> = if self.count == 0 {
+            vec![T::Acc::zero(); n_out]
+        } else if self.trailing {
+            xs.chunks_exact(self.count).map(sum_run).collect()
+        } else {
+            let mut acc = vec![T::Acc::zero(); n_out];
+            let src = broadcast_strides(&self.keep_shape, &self.in_shape);
+            for_each_offset(&self.in_shape, &src, |i, o| acc[o] += xs[i].to_acc());
+            acc
+        };
+        let v = match self.kind {
+            Kind::Sum => sums.into_iter().map(T::from_acc).collect(),
+            // n = 0 gives 0/0 = NaN, as NumPy does.
+            Kind::Mean => {
+                let n = T::Acc::of(self.count as f64);
+                sums.into_iter().map(|s| T::from_acc(s / n)).collect()
+            }
+        };
+        Ok((Tensor::from_vec(self.out_shape.clone(), v)?, ()))
+    }
+
+    /// `dx_i = g_{out(i)}` (sum) or `g_{out(i)} / n` (mean): `g` read with
+    /// stride 0 along the reduced axes. Dropping size-1 axes does not change
+    /// row-major order, so `g` is read as if it had `keep_shape`.
+    fn backward(&self, _: &(), g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
+        let gs = g.as_slice()?;
+        let n = checked_numel(self.name, &self.in_shape, std::mem::size_of::<T>())?;
+        let mut v = Vec::with_capacity(n);
+        let src = broadcast_strides(&self.keep_shape, &self.in_shape);
+        match self.kind {
+            Kind::Sum => for_each_offset(&self.in_shape, &src, |_, o| v.push(gs[o])),
+            Kind::Mean => {
+                let c = T::Acc::of(self.count as f64);
+                for_each_offset(&self.in_shape, &src, |_, o| {
+                    v.push(T::from_acc(gs[o].to_acc() / c))
+                })
+            }
+        }
+        Ok(vec![Some(Tensor::from_vec(self.in_shape.clone(), v)?)])
+    }
+}
+
+/// Sum of every element; the result has shape `[]`.
+pub fn sum<T: Element>(x: &Var<T>) -> Result<Var<T>> {
+    Tape::apply(Reduce::new("sum", Kind::Sum, x.shape(), &[], false)?, &[x])
+}
+
+/// Mean of every element; the result has shape `[]`. A tensor with no
+/// elements gives NaN (0/0), as NumPy does.
+pub fn mean<T: Element>(x: &Var<T>) -> Result<Var<T>> {
+    Tape::apply(
+        Reduce::new("mean", Kind::Mean, x.shape(), &[], false)?,
+        &[x],
+    )
+}
+
+/// Sum over `axes` (negative counts from the end; an empty list means every
+/// axis). `keepdim` keeps each reduced axis with size 1. An axis outside
+/// `-rank..rank` is [`crate::Error::AxisOutOfRange`]; an axis given twice is
+/// [`crate::Error::InvalidArgument`].
+pub fn sum_axes<T: Element>(x: &Var<T>, axes: &[isize], keepdim: bool) -> Result<Var<T>> {
+    let op = Reduce::new("sum_axes", Kind::Sum, x.shape(), axes, keepdim)?;
+    Tape::apply(op, &[x])
+}
+
+/// Mean over `axes`, with the same axis rules as [`sum_axes`]. Reducing over
+/// zero elements gives NaN, as NumPy does.
+pub fn mean_axes<T: Element>(x: &Var<T>, axes: &[isize], keepdim: bool) -> Result<Var<T>> {
+    let op = Reduce::new("mean_axes", Kind::Mean, x.shape(), axes, keepdim)?;
+    Tape::apply(op, &[x])
+}

@@ -2,6 +2,7 @@
 //! gradients are checked against a twin built from primitive ops.
 #![doc = include_str!("../README.md")]
 
+pub mod analysis;
 pub mod device;
 pub mod dtype;
 pub mod error;

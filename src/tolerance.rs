@@ -74,3 +74,57 @@ pub const F64_VS_REFERENCE: Tolerance = Tolerance {
     atol: 1e-12,
     rtol: 1e-10,
 };
+// ---- LayerNorm and RMSNorm ------------------------------------------------
+//
+// These bars apply to differences measured the way `analysis` measures them:
+// `max |a - b|` over a result divided by the size of the terms that result
+// is made of (`analysis::term_scales`), and they widen with the input's
+// condition number `cond = max |x| / sqrt(var + eps)` (`analysis::condition`;
+// about 3 for centred data, about offset/std with a large common offset):
+// rounding `x` by a unit `u` moves `xhat` by about `cond * u`, whichever path
+// computes it. The factor 16 covers summation error growth over rows of up
+// to 2048 elements in eight lanes (measured worst: 2.8 in f64, 9.5 in f32,
+// over 6000 random cases; see docs/layernorm.md).
+
+/// f64 fused vs f64 composed: `1e-9 + 16 * cond * 2^-52`.
+pub fn norm_fused_vs_composed_f64(cond: f64) -> Tolerance {
+    Tolerance {
+        atol: 0.0,
+        rtol: 1e-9 + 16.0 * cond * f64::EPSILON,
+    }
+}
+
+/// f32 against f32 composed or against f64: `1e-5 + 16 * cond * 2^-23`.
+pub fn norm_f32(cond: f64) -> Tolerance {
+    Tolerance {
+        atol: 0.0,
+        rtol: 1e-5 + 16.0 * cond * f32::EPSILON as f64,
+    }
+}
+
+/// f64 fused vs central finite differences: `1e-6 + 16 * (cond * 2^-52)^(2/3)`.
+/// The step is chosen to balance truncation against rounding
+/// (`analysis::fd_x_step`), which leaves an error of order
+/// `(cond * 2^-52)^(2/3)`: looser than fused vs composed.
+pub fn norm_vs_fd_f64(cond: f64) -> Tolerance {
+    Tolerance {
+        atol: 0.0,
+        rtol: 1e-6 + 16.0 * (cond * f64::EPSILON).powf(2.0 / 3.0),
+    }
+}
+
+/// f16 fused vs f64 fused: [`F16_VS_F64`] widened by `16 * cond * 2^-10`.
+pub fn norm_f16(cond: f64) -> Tolerance {
+    Tolerance {
+        atol: 0.0,
+        rtol: F16_VS_F64.rtol + 16.0 * cond * f64::powi(2.0, -10),
+    }
+}
+
+/// bf16 fused vs f64 fused: [`BF16_VS_F64`] widened by `16 * cond * 2^-7`.
+pub fn norm_bf16(cond: f64) -> Tolerance {
+    Tolerance {
+        atol: 0.0,
+        rtol: BF16_VS_F64.rtol + 16.0 * cond * f64::powi(2.0, -7),
+    }
+}

@@ -1,1 +1,291 @@
-//! (in progress)
+//! Fused LayerNorm: one op, one tape node, per-row statistics as its only
+//! saved state.
+//!
+//! For each row `x` of `D` elements (the trailing `normalized_shape` dims):
+//!
+//! ```text
+//! mean = sum(x) / D                       (pass 1, shifted by x[0])
+//! var  = sum((x - mean)^2) / D            (pass 2, never E[x^2] - E[x]^2)
+//! rstd = 1 / sqrt(var + eps)
+//! xhat = (x - mean) * rstd
+//! y    = xhat * gamma + beta
+//! ```
+//!
+//! Backward, with `g = dy * gamma` and row means `<.>` over the D elements:
+//!
+//! ```text
+//! dx     = rstd * (g - <g> - xhat * <g * xhat>)
+//! dgamma = sum over rows of dy * xhat
+//! dbeta  = sum over rows of dy
+//! ```
+//!
+//! (docs/layernorm.md derives this from the step-by-step chain rule.) The
+//! state is `x` and `gamma` (shared handles to tensors the graph holds
+//! anyway) plus `mean` and `rstd` in `T::Acc`: 2N numbers. `xhat` is
+//! recomputed in backward from `x`, `mean` and `rstd`.
+//!
+//! NaN follows IEEE arithmetic row by row: a NaN (or infinity) in one row
+//! makes that row's `y` and `dx` NaN and leaves every other row alone;
+//! `dgamma` sums `dy * xhat` over rows, so it becomes NaN, while `dbeta`
+//! (a sum of `dy` only) stays finite, as in PyTorch.
+
+pub(crate) mod cpu;
+
+use crate::dtype::{Accum, Element};
+use crate::error::{Error, Result};
+use crate::op::{Op, Saved, SavedItem};
+use crate::tape::{Tape, Var};
+use crate::tensor::Tensor;
+use num_traits::{Float, Zero};
+
+/// `eps` checked and converted to the accumulation type: it must be finite
+/// and `> 0`, and stay so when rounded to `T::Acc` (e.g. `1e-50` is 0 in f32).
+pub(crate) fn check_eps<T: Element>(op: &'static str, eps: f64) -> Result<T::Acc> {
+    let a = <T::Acc as Accum>::of(eps);
+    if eps.is_finite() && eps > 0.0 && a.is_finite() && a > T::Acc::zero() {
+        Ok(a)
+    } else {
+        Err(Error::BadEps { op, eps })
+    }
+}
+
+/// Rows and row length `(N, D)` of normalizing `x_shape` over its trailing
+/// `normalized` dims. Errors: `EmptyNormalized` for an empty list or a zero
+/// dim, `NormalizedShape` when they are not `x_shape`'s trailing dims.
+pub(crate) fn rows_and_len(
+    op: &'static str,
+    x_shape: &[usize],
+    normalized: &[usize],
+) -> Result<(usize, usize)> {
+    if normalized.is_empty() || normalized.contains(&0) {
+        return Err(Error::EmptyNormalized {
+            op,
+            input: x_shape.to_vec(),
+            normalized: normalized.to_vec(),
+        });
+    }
+    if normalized.len() > x_shape.len() || !x_shape.ends_with(normalized) {
+        return Err(Error::NormalizedShape {
+            op,
+            input: x_shape.to_vec(),
+            normalized: normalized.to_vec(),
+        });
+    }
+    let too_large = || Error::ShapeTooLarge {
+        op,
+        shape: x_shape.to_vec(),
+    };
+    let d = normalized
+        .iter()
+        .try_fold(1usize, |a, &v| a.checked_mul(v))
+        .ok_or_else(too_large)?;
+    let lead = &x_shape[..x_shape.len() - normalized.len()];
+    let n = lead
+        .iter()
+        .try_fold(1usize, |a, &v| a.checked_mul(v))
+        .ok_or_else(too_large)?;
+    Ok((n, d))
+}
+
+/// The normalized shape of the last-axis variants: `[x_shape.last()]`, or
+/// `EmptyNormalized` for a rank-0 input.
+pub(crate) fn last_axis(op: &'static str, x_shape: &[usize]) -> Result<Vec<usize>> {
+    match x_shape.last() {
+        Some(&d) => Ok(vec![d]),
+        None => Err(Error::EmptyNormalized {
+            op,
+            input: vec![],
+            normalized: vec![],
+        }),
+    }
+}
+
+/// A gamma or beta must have exactly the normalized shape. `what` names the
+/// parameter in the error, e.g. `"layer_norm: gamma"`.
+pub(crate) fn check_param<T: Element>(
+    what: &'static str,
+    p: Option<&Var<T>>,
+    normalized: &[usize],
+) -> Result<()> {
+    match p {
+        Some(p) if p.shape() != normalized => Err(Error::ShapeMismatch {
+            op: what,
+            lhs: p.shape().to_vec(),
+            rhs: normalized.to_vec(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The fused LayerNorm op; inputs `[x, gamma?, beta?]`.
+struct LayerNorm<A> {
+    normalized: Vec<usize>,
+    d: usize,
+    eps: A,
+    has_gamma: bool,
+    has_beta: bool,
+}
+
+/// What the fused backward keeps: 2N statistics plus handles to `x` and
+/// `gamma` (no copies).
+pub(crate) struct LayerNormState<T: Element> {
+    x: Tensor<T>,
+    gamma: Option<Tensor<T>>,
+    mean: Vec<T::Acc>,
+    rstd: Vec<T::Acc>,
+}
+
+impl<T: Element> Saved for LayerNormState<T> {
+    fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
+        self.x.visit(f);
+        self.gamma.visit(f);
+        let stats = self.mean.len() + self.rstd.len();
+        f(SavedItem::Raw(stats * std::mem::size_of::<T::Acc>()));
+    }
+}
+
+/// The input at `i` or an error (inputs are built by this module, so this
+/// only guards against misuse of the op from inside the crate).
+pub(crate) fn input<'a, T: Element>(
+    op: &'static str,
+    inputs: &[&'a Tensor<T>],
+    i: usize,
+) -> Result<&'a Tensor<T>> {
+    inputs
+        .get(i)
+        .copied()
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            msg: format!("expected input {i}, got {} inputs", inputs.len()),
+        })
+}
+
+impl<T: Element> Op<T> for LayerNorm<T::Acc> {
+    type State = LayerNormState<T>;
+
+    fn name(&self) -> &'static str {
+        "layer_norm"
+    }
+
+    fn forward(&self, inputs: &[&Tensor<T>]) -> Result<(Tensor<T>, Self::State)> {
+        let op = "layer_norm";
+        let x = input(op, inputs, 0)?;
+        let gamma = self.has_gamma.then(|| input(op, inputs, 1)).transpose()?;
+        let beta = self
+            .has_beta
+            .then(|| input(op, inputs, 1 + self.has_gamma as usize))
+            .transpose()?;
+        for p in gamma.iter().chain(beta.iter()) {
+            if p.shape() != self.normalized {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    lhs: p.shape().to_vec(),
+                    rhs: self.normalized.clone(),
+                });
+            }
+        }
+        let out = cpu::forward(
+            x.as_slice()?,
+            self.d,
+            gamma.map(|g| g.as_slice()).transpose()?,
+            beta.map(|b| b.as_slice()).transpose()?,
+            self.eps,
+        );
+        let y = Tensor::from_vec(x.shape().to_vec(), out.y)?;
+        let state = LayerNormState {
+            x: x.clone(),
+            gamma: gamma.cloned(),
+            mean: out.mean,
+            rstd: out.rstd,
+        };
+        Ok((y, state))
+    }
+
+    /// See the module doc for the formulas; `needs` is `[x, gamma?, beta?]`.
+    fn backward(
+        &self,
+        s: &Self::State,
+        grad: &Tensor<T>,
+        needs: &[bool],
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+        let gi = 1;
+        let bi = 1 + self.has_gamma as usize;
+        let want_dg = self.has_gamma && need(gi);
+        let want_db = self.has_beta && need(bi);
+        if grad.shape() != s.x.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "layer_norm backward",
+                lhs: grad.shape().to_vec(),
+                rhs: s.x.shape().to_vec(),
+            });
+        }
+        let out = cpu::backward(
+            s.x.as_slice()?,
+            grad.as_slice()?,
+            self.d,
+            s.gamma.as_ref().map(|g| g.as_slice()).transpose()?,
+            &s.mean,
+            &s.rstd,
+            need(0),
+            want_dg,
+            want_db,
+        );
+        let shaped = |v: Option<Vec<T>>, shape: &[usize]| {
+            v.map(|v| Tensor::from_vec(shape.to_vec(), v)).transpose()
+        };
+        let mut grads = vec![shaped(out.dx, s.x.shape())?];
+        if self.has_gamma {
+            grads.push(shaped(out.dgamma, &self.normalized)?);
+        }
+        if self.has_beta {
+            grads.push(shaped(out.dbeta, &self.normalized)?);
+        }
+        Ok(grads)
+    }
+}
+
+/// Fused LayerNorm over the last axis of `x`; `gamma` and `beta` (optional)
+/// have shape `[x.shape().last()]`. See [`layer_norm_nd`].
+pub fn layer_norm<T: Element>(
+    x: &Var<T>,
+    gamma: Option<&Var<T>>,
+    beta: Option<&Var<T>>,
+    eps: f64,
+) -> Result<Var<T>> {
+    let normalized = last_axis("layer_norm", x.shape())?;
+    layer_norm_nd(x, &normalized, gamma, beta, eps)
+}
+
+/// Fused LayerNorm over the trailing dims `normalized_shape` of `x` (as in
+/// PyTorch); `gamma` and `beta` (optional) have shape `normalized_shape`.
+///
+/// One tape node that saves 2N statistics in `T::Acc` (f32 for f16/bf16).
+/// Errors: `BadEps` unless `eps` is finite and `> 0`; `EmptyNormalized` for
+/// an empty `normalized_shape` or a zero in it; `NormalizedShape` if it is
+/// not the trailing dims of `x`; `ShapeMismatch` for a gamma/beta of another
+/// shape. Zero rows (`N = 0`) are fine: an empty output, zero dgamma/dbeta.
+pub fn layer_norm_nd<T: Element>(
+    x: &Var<T>,
+    normalized_shape: &[usize],
+    gamma: Option<&Var<T>>,
+    beta: Option<&Var<T>>,
+    eps: f64,
+) -> Result<Var<T>> {
+    let op = "layer_norm";
+    let eps = check_eps::<T>(op, eps)?;
+    let (_, d) = rows_and_len(op, x.shape(), normalized_shape)?;
+    check_param("layer_norm: gamma", gamma, normalized_shape)?;
+    check_param("layer_norm: beta", beta, normalized_shape)?;
+    let mut inputs = vec![x];
+    inputs.extend(gamma);
+    inputs.extend(beta);
+    let ln = LayerNorm {
+        normalized: normalized_shape.to_vec(),
+        d,
+        eps,
+        has_gamma: gamma.is_some(),
+        has_beta: beta.is_some(),
+    };
+    Tape::apply(ln, &inputs)
+}

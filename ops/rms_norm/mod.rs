@@ -1,1 +1,154 @@
-//! (in progress)
+//! Fused RMSNorm: one op, one tape node, `rstd` per row as its only saved
+//! statistic.
+//!
+//! For each row `x` of `D` elements (the trailing `normalized_shape` dims):
+//!
+//! ```text
+//! rstd = 1 / sqrt(sum(x^2) / D + eps)
+//! xhat = x * rstd
+//! y    = xhat * gamma
+//! ```
+//!
+//! Backward, with `g = dy * gamma` and `<.>` the mean over the row:
+//! `dx = rstd * (g - xhat * <g * xhat>)`, `dgamma = sum over rows of dy * xhat`.
+//! (From `d rstd / d x_k = -rstd^3 x_k / D`; docs/layernorm.md has the
+//! derivation.) The state is `x`, `gamma` (shared handles) and `rstd`: N
+//! numbers in `T::Acc`. NaN stays in its row, as for LayerNorm.
+
+pub(crate) mod cpu;
+
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::op::{Op, Saved, SavedItem};
+use crate::ops::layer_norm::{check_eps, check_param, input, last_axis, rows_and_len};
+use crate::tape::{Tape, Var};
+use crate::tensor::Tensor;
+
+/// The fused RMSNorm op; inputs `[x, gamma?]`.
+struct RmsNorm<A> {
+    normalized: Vec<usize>,
+    d: usize,
+    eps: A,
+    has_gamma: bool,
+}
+
+/// What the fused backward keeps: N values of `rstd` plus handles to `x`
+/// and `gamma`.
+pub(crate) struct RmsNormState<T: Element> {
+    x: Tensor<T>,
+    gamma: Option<Tensor<T>>,
+    rstd: Vec<T::Acc>,
+}
+
+impl<T: Element> Saved for RmsNormState<T> {
+    fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
+        self.x.visit(f);
+        self.gamma.visit(f);
+        f(SavedItem::Raw(
+            self.rstd.len() * std::mem::size_of::<T::Acc>(),
+        ));
+    }
+}
+
+impl<T: Element> Op<T> for RmsNorm<T::Acc> {
+    type State = RmsNormState<T>;
+
+    fn name(&self) -> &'static str {
+        "rms_norm"
+    }
+
+    fn forward(&self, inputs: &[&Tensor<T>]) -> Result<(Tensor<T>, Self::State)> {
+        let op = "rms_norm";
+        let x = input(op, inputs, 0)?;
+        let gamma = self.has_gamma.then(|| input(op, inputs, 1)).transpose()?;
+        if let Some(g) = gamma {
+            if g.shape() != self.normalized {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    lhs: g.shape().to_vec(),
+                    rhs: self.normalized.clone(),
+                });
+            }
+        }
+        let (y, rstd) = cpu::forward(
+            x.as_slice()?,
+            self.d,
+            gamma.map(|g| g.as_slice()).transpose()?,
+            self.eps,
+        );
+        let y = Tensor::from_vec(x.shape().to_vec(), y)?;
+        let state = RmsNormState {
+            x: x.clone(),
+            gamma: gamma.cloned(),
+            rstd,
+        };
+        Ok((y, state))
+    }
+
+    fn backward(
+        &self,
+        s: &Self::State,
+        grad: &Tensor<T>,
+        needs: &[bool],
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+        if grad.shape() != s.x.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "rms_norm backward",
+                lhs: grad.shape().to_vec(),
+                rhs: s.x.shape().to_vec(),
+            });
+        }
+        let (dx, dgamma) = cpu::backward(
+            s.x.as_slice()?,
+            grad.as_slice()?,
+            self.d,
+            s.gamma.as_ref().map(|g| g.as_slice()).transpose()?,
+            &s.rstd,
+            need(0),
+            self.has_gamma && need(1),
+        );
+        let mut grads = vec![dx
+            .map(|v| Tensor::from_vec(s.x.shape().to_vec(), v))
+            .transpose()?];
+        if self.has_gamma {
+            grads.push(
+                dgamma
+                    .map(|v| Tensor::from_vec(self.normalized.clone(), v))
+                    .transpose()?,
+            );
+        }
+        Ok(grads)
+    }
+}
+
+/// Fused RMSNorm over the last axis of `x`; `gamma` (optional) has shape
+/// `[x.shape().last()]`. See [`rms_norm_nd`].
+pub fn rms_norm<T: Element>(x: &Var<T>, gamma: Option<&Var<T>>, eps: f64) -> Result<Var<T>> {
+    let normalized = last_axis("rms_norm", x.shape())?;
+    rms_norm_nd(x, &normalized, gamma, eps)
+}
+
+/// Fused RMSNorm over the trailing dims `normalized_shape` of `x`; `gamma`
+/// (optional) has shape `normalized_shape`. One tape node saving N values
+/// in `T::Acc`. Errors as for [`crate::ops::layer_norm_nd`].
+pub fn rms_norm_nd<T: Element>(
+    x: &Var<T>,
+    normalized_shape: &[usize],
+    gamma: Option<&Var<T>>,
+    eps: f64,
+) -> Result<Var<T>> {
+    let op = "rms_norm";
+    let eps = check_eps::<T>(op, eps)?;
+    let (_, d) = rows_and_len(op, x.shape(), normalized_shape)?;
+    check_param("rms_norm: gamma", gamma, normalized_shape)?;
+    let mut inputs = vec![x];
+    inputs.extend(gamma);
+    let op = RmsNorm {
+        normalized: normalized_shape.to_vec(),
+        d,
+        eps,
+        has_gamma: gamma.is_some(),
+    };
+    Tape::apply(op, &inputs)
+}
