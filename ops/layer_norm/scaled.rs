@@ -23,7 +23,8 @@
 //! ```
 //!
 //! If `eps_z` overflows, `eps` exceeds `var` by a factor of at least
-//! `2^1020` and the row is normalized unscaled with `rstd = 1/sqrt(eps)`.
+//! `2^1020`, and if `var_z` is 0 the row is constant: either way the row is
+//! normalized unscaled with `rstd = 1/sqrt(eps)`.
 //! RMSNorm is the same with `mean_z = 0`. Backward, with these `xhat` and
 //! `g = dy gamma`: `dx = rstd (g - <g> - xhat <g xhat>)` (no `<g>` for
 //! RMSNorm), computed as `2^k (r_z (...))` so that `rstd` itself never
@@ -104,7 +105,10 @@ impl RowNorm {
             .sum::<f64>()
             / d;
         let eps_z = scale(eps, 2 * k);
-        if eps_z.is_finite() {
+        // A constant row (var_z = 0: deviations of a row scaled to [1, 2)
+        // cannot underflow) has rstd = 1/sqrt(eps) exactly, whether or not
+        // eps survives the scaling.
+        if eps_z.is_finite() && var_z > 0.0 {
             RowNorm {
                 kx: k,
                 shift: mean_z,
@@ -112,7 +116,7 @@ impl RowNorm {
                 kout: k,
             }
         } else {
-            // eps dwarfs var: the unscaled row is tiny, nothing overflows.
+            // eps dwarfs var (or var is 0): unscaled, nothing overflows.
             RowNorm {
                 kx: 0,
                 shift: scale(mean_z, -k),
