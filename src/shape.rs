@@ -44,10 +44,11 @@ pub(crate) fn alloc<T>(op: &'static str, shape: &[usize]) -> Result<Vec<T>> {
     Ok(v)
 }
 
-/// [`alloc`] filled with `n = numel(shape)` copies of `v`.
+/// [`alloc`] filled with `numel(shape)` copies of `v`.
 pub(crate) fn alloc_filled<T: Clone>(op: &'static str, shape: &[usize], v: T) -> Result<Vec<T>> {
     let mut out = alloc(op, shape)?;
-    out.resize(out.capacity(), v);
+    let n = checked_numel(op, shape, std::mem::size_of::<T>())?;
+    out.resize(n, v);
     Ok(out)
 }
 
