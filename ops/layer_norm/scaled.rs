@@ -297,7 +297,8 @@ mod tests {
     #[test]
     fn scaling_is_exact_across_the_range() {
         assert_eq!(exponent(1.0), 0);
-        assert_eq!(exponent(1.5e300), 996);
+        assert_eq!(exponent(1.5e300), 997);
+        assert_eq!(exponent(2f64.powi(-1000) * 1.5), -1000);
         assert_eq!(exponent(f64::from_bits(1)), -1074);
         assert_eq!(scale(3.0, -1074), f64::from_bits(3));
         assert_eq!(scale(f64::from_bits(1), 1074), 1.0);
