@@ -15,7 +15,7 @@
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
-use crate::shape::{broadcast_shapes, broadcast_strides, checked_numel, for_each_offset};
+use crate::shape::{alloc_filled, broadcast_shapes, broadcast_strides, for_each_offset};
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use num_traits::Zero;
@@ -158,9 +158,10 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     let Dims { batch, m, k, n } = dims(a.shape(), b.shape())?;
     let mut shape = batch.clone();
     shape.extend([m, n]);
-    let total = checked_numel(OP, &shape, std::mem::size_of::<T>())?;
+    // `[m, 1] @ [1, n]` is far larger than its operands: allocate fallibly.
+    let mut out = alloc_filled(OP, &shape, T::zero())?;
+    let total = out.len();
     let (sa, sb) = (a.as_slice()?, b.as_slice()?);
-    let mut out = vec![T::zero(); total];
     if total == 0 {
         return Tensor::from_vec(shape, out);
     }
@@ -206,7 +207,8 @@ fn transpose_last2<T: Element>(t: &Tensor<T>) -> Result<Tensor<T>> {
     shape.swap(r - 2, r - 1);
     let s = t.as_slice()?;
     let mut out = vec![T::zero(); s.len()];
-    if p * q > 0 {
+    // `p * q` may overflow for an empty tensor such as [0, 2^40, 2^40].
+    if !s.is_empty() {
         for (src, dst) in s.chunks_exact(p * q).zip(out.chunks_exact_mut(p * q)) {
             for (i, row) in src.chunks_exact(q).enumerate() {
                 for (j, &v) in row.iter().enumerate() {
@@ -255,6 +257,14 @@ impl<T: Element> Op<T> for Matmul {
         needs: &[bool],
     ) -> Result<Vec<Option<Tensor<T>>>> {
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+        if g.numel() == 0 {
+            // Every entry of dA and dB is a sum over entries of G: with none,
+            // all are 0. Zeros of the operand's own shape also avoid a
+            // broadcast-batch intermediate, which for an empty output can be
+            // far larger than anything that exists ([2^56, 0, 1] @ [1, 3]).
+            let zeros = |i: usize, t: &Tensor<T>| need(i).then(|| Tensor::zeros(t.shape()));
+            return Ok(vec![zeros(0, a).transpose()?, zeros(1, b).transpose()?]);
+        }
         let da = if need(0) {
             Some(bmm(g, &transpose_last2(b)?)?)
         } else {

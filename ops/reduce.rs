@@ -9,7 +9,9 @@
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::op::Op;
-use crate::shape::{broadcast_strides, checked_numel, for_each_offset, normalize_axes};
+use crate::shape::{
+    alloc_filled, broadcast_strides, checked_numel, for_each_offset, normalize_axes,
+};
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use num_traits::Zero;
@@ -63,13 +65,25 @@ impl Reduce {
             .iter()
             .enumerate()
             .all(|(i, &a)| a == shape.len() - axes.len() + i);
+        // The output's element count is checked here, before any work.
+        checked_numel(name, &out_shape, 1)?;
+        // For an empty input the reduced dims' product may overflow; the
+        // count is then either 0 (a reduced dim is 0) or irrelevant (the
+        // output is empty), so saturating is exact where it matters.
+        let count = if axes.iter().any(|&a| shape[a] == 0) {
+            0
+        } else {
+            axes.iter()
+                .try_fold(1usize, |p, &a| p.checked_mul(shape[a]))
+                .unwrap_or(usize::MAX)
+        };
         Ok(Reduce {
             name,
             kind,
             in_shape: shape.to_vec(),
             keep_shape,
             out_shape,
-            count: axes.iter().map(|&a| shape[a]).product(),
+            count,
             trailing,
         })
     }
@@ -110,13 +124,16 @@ impl<T: Element> Op<T> for Reduce {
             });
         }
         let xs = x[0].as_slice()?;
-        let n_out = checked_numel(self.name, &self.keep_shape, std::mem::size_of::<T>())?;
         let sums: Vec<T::Acc> = if self.count == 0 {
-            vec![T::Acc::zero(); n_out]
+            // Reducing over nothing: the output (of zeros) can be far larger
+            // than the (empty) input, so allocate fallibly.
+            alloc_filled(self.name, &self.keep_shape, T::Acc::zero())?
+        } else if xs.is_empty() {
+            Vec::new()
         } else if self.trailing {
             xs.chunks_exact(self.count).map(sum_run).collect()
         } else {
-            let mut acc = vec![T::Acc::zero(); n_out];
+            let mut acc = alloc_filled(self.name, &self.keep_shape, T::Acc::zero())?;
             let src = broadcast_strides(&self.keep_shape, &self.in_shape);
             for_each_offset(&self.in_shape, &src, |i, o| acc[o] += xs[i].to_acc());
             acc

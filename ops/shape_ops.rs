@@ -5,7 +5,8 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
 use crate::shape::{
-    broadcast_shapes, broadcast_strides, checked_numel, for_each_offset, normalize_axis, strides,
+    alloc, broadcast_shapes, broadcast_strides, checked_numel, for_each_offset, normalize_axis,
+    strides,
 };
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
@@ -102,9 +103,8 @@ impl<T: Element> Op<T> for BroadcastTo {
         if x.shape() == self.to.as_slice() {
             return Ok((x.clone(), ()));
         }
-        let n = checked_numel("broadcast_to", &self.to, std::mem::size_of::<T>())?;
         let xs = x.as_slice()?;
-        let mut v = Vec::with_capacity(n);
+        let mut v = alloc::<T>("broadcast_to", &self.to)?;
         for_each_offset(&self.to, &broadcast_strides(x.shape(), &self.to), |_, o| {
             v.push(xs[o])
         });

@@ -20,9 +20,15 @@ const PAR_MIN: usize = 1 << 15;
 
 /// `(d, inner)` around `axis`: the axis length and the product of the dims
 /// after it.
+///
+/// For an empty tensor the product may overflow; it saturates, which is
+/// harmless because nothing is visited.
 fn split(shape: &[usize], axis: usize) -> (usize, usize) {
     let d = shape.get(axis).copied().unwrap_or(1);
-    let inner = shape.iter().skip(axis + 1).product();
+    let inner = shape
+        .iter()
+        .skip(axis + 1)
+        .fold(1usize, |p, &v| p.saturating_mul(v));
     (d, inner)
 }
 
@@ -95,7 +101,7 @@ impl<T: Element> Op<T> for Softmax {
             });
         };
         let (d, inner) = split(x.shape(), self.axis);
-        let block = d * inner;
+        let block = d.saturating_mul(inner);
         let xs = x.as_slice()?;
         let mut out = vec![T::zero(); xs.len()];
         let log = self.log;
@@ -139,7 +145,7 @@ impl<T: Element> Op<T> for Softmax {
             return Ok(vec![None]);
         }
         let (d, inner) = split(y.shape(), self.axis);
-        let block = d * inner;
+        let block = d.saturating_mul(inner);
         let (ys, gs) = (y.as_slice()?, g.as_slice()?);
         let mut out = vec![T::zero(); ys.len()];
         let log = self.log;

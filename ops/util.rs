@@ -3,7 +3,7 @@
 
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::shape::{broadcast_shapes, broadcast_strides, checked_numel, for_each_offset};
+use crate::shape::{alloc, broadcast_shapes, broadcast_strides, for_each_offset};
 use crate::tensor::Tensor;
 
 type Acc<T> = <T as Element>::Acc;
@@ -45,18 +45,16 @@ pub fn broadcast_zip<T: Element>(
         return Tensor::from_vec(a.shape().to_vec(), v);
     }
     let out = broadcast_shapes(op, a.shape(), b.shape())?;
-    let n = checked_numel(op, &out, std::mem::size_of::<T>())?;
+    // The output can be far larger than either input: allocate fallibly.
+    let mut v = alloc::<T>(op, &out)?;
     if b.numel() == 1 && out == a.shape() {
         let y = sb[0].to_acc();
-        return Tensor::from_vec(
-            out,
-            sa.iter().map(|&x| T::from_acc(f(x.to_acc(), y))).collect(),
-        );
+        v.extend(sa.iter().map(|&x| T::from_acc(f(x.to_acc(), y))));
+        return Tensor::from_vec(out, v);
     }
     // Offsets into `a` and `b` for each output element.
-    let mut oa = Vec::with_capacity(n);
+    let mut oa = alloc::<usize>(op, &out)?;
     for_each_offset(&out, &broadcast_strides(a.shape(), &out), |_, o| oa.push(o));
-    let mut v = Vec::with_capacity(n);
     let mut k = 0;
     for_each_offset(&out, &broadcast_strides(b.shape(), &out), |_, o| {
         v.push(T::from_acc(f(sa[oa[k]].to_acc(), sb[o].to_acc())));

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::gradcheck::{self, Options};
 use crate::ops;
 use crate::rng::Rng;
+use crate::shape::{alloc, checked_numel};
 use crate::tape::{NodeInfo, NodeMemory, Tape, Var};
 use crate::tensor::Tensor;
 use std::fmt;
@@ -81,20 +82,23 @@ impl Case {
         }
     }
 
-    /// Row length D.
+    /// Row length D (saturating: a D that overflows is no real row).
     pub fn d(&self) -> usize {
-        self.normalized.iter().product()
+        self.normalized
+            .iter()
+            .fold(1usize, |p, &v| p.saturating_mul(v))
     }
 
-    /// The inputs `[x, gamma, beta?]` in f64.
+    /// The inputs `[x, gamma, beta?]` in f64. `ShapeTooLarge` /
+    /// `OutOfMemory` for shapes that cannot be allocated.
     pub fn values(&self) -> Result<Vec<Tensor<f64>>> {
         let mut rng = Rng::new(self.seed ^ 0xA11C_E5ED);
-        let n: usize = self.shape.iter().product();
-        let d = self.d();
-        let x = (0..n)
-            .map(|_| self.offset + self.scale * rng.normal())
-            .collect();
-        let gamma = (0..d).map(|_| 1.0 + 0.5 * rng.normal()).collect();
+        let op = "analysis::Case::values";
+        let (mut x, mut gamma) = (alloc(op, &self.shape)?, alloc(op, &self.normalized)?);
+        let n = checked_numel(op, &self.shape, 8)?;
+        let d = checked_numel(op, &self.normalized, 8)?;
+        x.extend((0..n).map(|_| self.offset + self.scale * rng.normal()));
+        gamma.extend((0..d).map(|_| 1.0 + 0.5 * rng.normal()));
         let mut out = vec![
             Tensor::from_vec(self.shape.clone(), x)?,
             Tensor::from_vec(self.normalized.clone(), gamma)?,

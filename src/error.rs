@@ -98,6 +98,14 @@ pub enum Error {
     /// CUDA was asked for but cannot be used here.
     #[error("CUDA unavailable: {reason}")]
     CudaUnavailable { reason: String },
+    /// The allocator refused a buffer (the shape's byte count fits in
+    /// `isize`, but no such block could be had).
+    #[error("{op}: out of memory allocating {bytes} bytes for shape {shape:?}")]
+    OutOfMemory {
+        op: &'static str,
+        shape: Vec<usize>,
+        bytes: usize,
+    },
 }
 
 /// Result with fusegrad's [`Error`].

@@ -1,6 +1,7 @@
 //! fusegrad: reverse-mode autodiff with a first-class, fused LayerNorm whose
 //! gradients are checked against a twin built from primitive ops.
 #![doc = include_str!("../README.md")]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod analysis;
 pub mod device;

@@ -76,11 +76,22 @@ saved_tuple!(0 A, 1 B, 2 C, 3 D);
 /// gradient for inputs with `needs[i]`, else `None`. A returned gradient may
 /// have the broadcast output shape; the tape sums it back to the input's
 /// shape in one place ([`crate::shape::sum_to_shape`]).
+///
+/// The gradient graph is never cut silently: an op that cannot
+/// differentiate says so with [`Op::differentiable`] (then applying it to an
+/// input that requires a gradient is `Error::NoBackward`), and a backward
+/// that returns `None` for an input with `needs[i]` makes the sweep fail
+/// with `Error::NoBackward` instead of leaving that gradient at zero.
 pub trait Op<T: Element>: 'static {
     /// What backward needs, as a type (burn-style).
     type State: Saved + 'static;
     /// The op's name, used in errors and reports.
     fn name(&self) -> &'static str;
+    /// False for an op with no backward: [`crate::Tape::apply`] then refuses
+    /// inputs that require a gradient with `Error::NoBackward`.
+    fn differentiable(&self) -> bool {
+        true
+    }
     /// Inputs to output plus saved state.
     fn forward(&self, inputs: &[&Tensor<T>]) -> Result<(Tensor<T>, Self::State)>;
     /// Output gradient to input gradients.

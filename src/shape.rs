@@ -8,8 +8,12 @@ use crate::tensor::Tensor;
 use num_traits::Zero;
 
 /// Element count of `shape`, or `ShapeTooLarge` if it (or its byte size for
-/// an element of `elem_bytes`) overflows.
+/// an element of `elem_bytes`) overflows. A shape with a zero dim has no
+/// elements whatever its other dims are (`[0, usize::MAX, 2]` is empty).
 pub fn checked_numel(op: &'static str, shape: &[usize], elem_bytes: usize) -> Result<usize> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
     let too_large = || Error::ShapeTooLarge {
         op,
         shape: shape.to_vec(),
@@ -23,6 +27,29 @@ pub fn checked_numel(op: &'static str, shape: &[usize], elem_bytes: usize) -> Re
         Some(b) if b <= isize::MAX as usize => Ok(n),
         _ => Err(too_large()),
     }
+}
+
+/// An empty vector with room for the elements of `shape`: `ShapeTooLarge`
+/// if the count overflows, `OutOfMemory` if the allocator refuses the block
+/// (never an abort). Used wherever an output can be larger than the inputs
+/// (broadcasting, matmul, reductions of empty tensors, `Tensor::full`).
+pub(crate) fn alloc<T>(op: &'static str, shape: &[usize]) -> Result<Vec<T>> {
+    let n = checked_numel(op, shape, std::mem::size_of::<T>())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+        op,
+        shape: shape.to_vec(),
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })?;
+    Ok(v)
+}
+
+/// [`alloc`] filled with `numel(shape)` copies of `v`.
+pub(crate) fn alloc_filled<T: Clone>(op: &'static str, shape: &[usize], v: T) -> Result<Vec<T>> {
+    let mut out = alloc(op, shape)?;
+    let n = checked_numel(op, shape, std::mem::size_of::<T>())?;
+    out.resize(n, v);
+    Ok(out)
 }
 
 /// Row-major strides (in elements).
@@ -65,16 +92,18 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
 }
 
 /// Strides that read an array of `shape` as if it had the (broadcast) shape
-/// `out`: broadcast dims get stride 0.
+/// `out`: broadcast dims get stride 0. (If `shape` has more dims than `out`,
+/// its extra leading dims are ignored.)
 pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let own = strides(shape);
-    let lead = out.len() - shape.len();
+    let lead = out.len().saturating_sub(shape.len());
+    let skip = shape.len().saturating_sub(out.len());
     (0..out.len())
         .map(|i| {
-            if i < lead || shape[i - lead] == 1 {
+            if i < lead || shape[i - lead + skip] == 1 {
                 0
             } else {
-                own[i - lead]
+                own[i - lead + skip]
             }
         })
         .collect()
@@ -119,9 +148,11 @@ pub fn normalize_axes(op: &'static str, axes: &[isize], shape: &[usize]) -> Resu
 /// Visits, for every element of `out` in row-major order, the offset into a
 /// source laid out with `src_strides` (already aligned to `out`'s rank).
 #[inline]
+///
+/// Nothing is visited when `out` has a zero dim (its other dims may be
+/// arbitrarily large). Missing strides count as 0.
 pub fn for_each_offset(out: &[usize], src_strides: &[usize], mut f: impl FnMut(usize, usize)) {
-    let n: usize = out.iter().product();
-    if n == 0 {
+    if out.contains(&0) {
         return;
     }
     let rank = out.len();
@@ -129,6 +160,15 @@ pub fn for_each_offset(out: &[usize], src_strides: &[usize], mut f: impl FnMut(u
         f(0, 0);
         return;
     }
+    let padded: Vec<usize>;
+    let src_strides = if src_strides.len() >= rank {
+        src_strides
+    } else {
+        padded = (0..rank)
+            .map(|d| src_strides.get(d).copied().unwrap_or(0))
+            .collect();
+        &padded
+    };
     let mut idx = vec![0usize; rank];
     let mut off = 0usize;
     let inner = out[rank - 1];
@@ -175,8 +215,7 @@ pub fn sum_to_shape<T: Element>(
             rhs: target.to_vec(),
         });
     }
-    let n_out = checked_numel(op, target, std::mem::size_of::<T>())?;
-    let mut acc = vec![T::Acc::zero(); n_out];
+    let mut acc = alloc_filled(op, target, T::Acc::zero())?;
     let dst_strides = broadcast_strides(target, grad.shape());
     let g = grad.as_slice()?;
     for_each_offset(grad.shape(), &dst_strides, |i, o| acc[o] += g[i].to_acc());
@@ -226,5 +265,33 @@ mod tests {
             checked_numel("t", &[usize::MAX, 2], 4),
             Err(Error::ShapeTooLarge { .. })
         ));
+        // A zero dim anywhere makes the shape empty, in any order.
+        assert_eq!(checked_numel("t", &[usize::MAX, 2, 0], 4), Ok(0));
+        assert_eq!(checked_numel("t", &[0, usize::MAX, 2], 4), Ok(0));
+        // More bytes than isize::MAX.
+        assert!(checked_numel("t", &[1 << 62], 4).is_err());
+    }
+
+    #[test]
+    fn refused_allocation_is_an_error() {
+        // 2^58 bytes: fits isize, but no machine maps it.
+        assert!(matches!(
+            alloc::<f32>("t", &[1 << 56]),
+            Err(Error::OutOfMemory { .. })
+        ));
+        assert_eq!(alloc_filled("t", &[2, 3], 1.5f32).unwrap(), vec![1.5; 6]);
+    }
+
+    #[test]
+    fn helpers_are_total() {
+        // Zero-size outputs with huge dims visit nothing (no overflow).
+        let mut k = 0;
+        for_each_offset(&[usize::MAX, 2, 0], &[0, 0, 0], |_, _| k += 1);
+        assert_eq!(k, 0);
+        // Short stride lists read as 0; longer source shapes are trimmed.
+        let mut seen = vec![];
+        for_each_offset(&[2, 2], &[1], |_, o| seen.push(o));
+        assert_eq!(seen, vec![0, 0, 1, 1]);
+        assert_eq!(broadcast_strides(&[5, 2, 3], &[2, 3]), vec![3, 1]);
     }
 }

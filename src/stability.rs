@@ -102,6 +102,9 @@ impl Method {
                 msg: "lanes must be at least 1".into(),
             });
         }
+        // Lanes past the row's length would only hold zeros (and could not
+        // be allocated for absurd counts).
+        let lanes = lanes.min(row.len());
         let n = row.len() as f32;
         Ok(match self {
             Method::Naive => {

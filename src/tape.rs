@@ -8,6 +8,13 @@
 //! fn assert_send<S: Send>() {}
 //! assert_send::<fusegrad::Tape<f32>>();
 //! ```
+//!
+//! A `Var` holds its tape, so it stays on its thread too:
+//!
+//! ```compile_fail
+//! fn assert_send<S: Send>() {}
+//! assert_send::<fusegrad::Var<f32>>();
+//! ```
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -248,6 +255,10 @@ impl<T: Element> Tape<T> {
 
     /// Records `op` applied to `inputs` and returns its output. Ops whose
     /// inputs need no gradient are run but not recorded for backward.
+    ///
+    /// Errors: `TapeMismatch` / `DeviceMismatch` for mixed inputs,
+    /// `NoBackward` for an op that is not [`Op::differentiable`] applied to
+    /// an input that requires a gradient, and whatever `forward` returns.
     pub fn apply<O: Op<T>>(op: O, inputs: &[&Var<T>]) -> Result<Var<T>> {
         let name = op.name();
         let first = inputs.first().ok_or_else(|| Error::InvalidArgument {
@@ -266,9 +277,12 @@ impl<T: Element> Tape<T> {
                 });
             }
         }
+        let requires_grad = inputs.iter().any(|v| v.requires_grad);
+        if requires_grad && !op.differentiable() {
+            return Err(Error::NoBackward { op: name });
+        }
         let tensors: Vec<&Tensor<T>> = inputs.iter().map(|v| &v.value).collect();
         let (value, state) = op.forward(&tensors)?;
-        let requires_grad = inputs.iter().any(|v| v.requires_grad);
         let tape = first.tape.clone();
         let kind = if requires_grad {
             Kind::Op {
@@ -323,8 +337,12 @@ impl<T: Element> Tape<T> {
                 });
             }
             for ((&j, gj), &need) in inputs.iter().zip(gin).zip(needs.iter()) {
-                let Some(gj) = gj.filter(|_| need) else {
+                if !need {
                     continue;
+                }
+                // A missing gradient would silently cut the graph.
+                let Some(gj) = gj else {
+                    return Err(Error::NoBackward { op: bw.name() });
                 };
                 let gj = sum_to_shape(bw.name(), &gj, &nodes[j].shape)?;
                 grads[j] = Some(match grads[j].take() {

@@ -5,7 +5,7 @@ use crate::device::pool::Buffer;
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::shape::checked_numel;
+use crate::shape::{alloc_filled, checked_numel};
 use ndarray::{ArrayD, IxDyn};
 use std::sync::Arc;
 
@@ -66,14 +66,16 @@ impl<T: Element> Tensor<T> {
 
     /// A buffer of `n` elements for a kernel to fill completely: recycled
     /// from the pool when one of that length is free (contents unspecified).
-    pub fn scratch(n: usize) -> Vec<T> {
+    /// Crate-private: `n` must be the size of a tensor that already exists.
+    #[allow(dead_code)] // for the pooled kernels
+    pub(crate) fn scratch(n: usize) -> Vec<T> {
         T::pool().take(n)
     }
 
-    /// A tensor filled with `v`.
+    /// A tensor filled with `v`. `ShapeTooLarge` if the element or byte
+    /// count overflows, `OutOfMemory` if the allocator refuses the buffer.
     pub fn full(shape: &[usize], v: T) -> Result<Self> {
-        let n = checked_numel("Tensor::full", shape, std::mem::size_of::<T>())?;
-        Self::from_vec(shape.to_vec(), vec![v; n])
+        Self::from_vec(shape.to_vec(), alloc_filled("Tensor::full", shape, v)?)
     }
 
     /// A tensor of zeros.
@@ -123,7 +125,9 @@ impl<T: Element> Tensor<T> {
         }
     }
 
-    /// Moves the tensor to `device`.
+    /// Moves the tensor to `device`. Every CUDA device is
+    /// `Err(CudaUnavailable)` in this build (there is no CUDA backend yet);
+    /// nothing panics.
     pub fn to_device(&self, device: Device) -> Result<Self> {
         device.ensure_available()?;
         Ok(self.clone())
@@ -177,6 +181,16 @@ impl<T: Element> Tensor<T> {
         }
     }
 }
+
+// Tensors may be sent to and shared between threads (the storage is an
+// `Arc` of immutable data); checked at compile time.
+const _: () = {
+    const fn send_sync<S: Send + Sync>() {}
+    send_sync::<Tensor<f32>>();
+    send_sync::<Tensor<f64>>();
+    send_sync::<Tensor<half::f16>>();
+    send_sync::<Tensor<half::bf16>>();
+};
 
 impl<T: Element, D: ndarray::Dimension> From<ndarray::Array<T, D>> for Tensor<T> {
     fn from(a: ndarray::Array<T, D>) -> Self {

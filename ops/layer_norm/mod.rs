@@ -28,12 +28,19 @@
 //! makes that row's `y` and `dx` NaN and leaves every other row alone;
 //! `dgamma` sums `dy * xhat` over rows, so it becomes NaN, while `dbeta`
 //! (a sum of `dy` only) stays finite, as in PyTorch.
+//!
+//! Finite rows of any magnitude stay finite and accurate: rows the kernel's
+//! arithmetic cannot represent (spread past ~1.8e19 in f32, or statistics
+//! lost to subnormals) are recomputed by the scaled fallback in
+//! [`scaled`], and then the node's backward runs there too.
 
 pub(crate) mod cpu;
+pub(crate) mod scaled;
 
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
+use crate::shape::checked_numel;
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use num_traits::{Float, Zero};
@@ -51,7 +58,8 @@ pub(crate) fn check_eps<T: Element>(op: &'static str, eps: f64) -> Result<T::Acc
 
 /// Rows and row length `(N, D)` of normalizing `x_shape` over its trailing
 /// `normalized` dims. Errors: `EmptyNormalized` for an empty list or a zero
-/// dim, `NormalizedShape` when they are not `x_shape`'s trailing dims.
+/// dim, `NormalizedShape` when they are not `x_shape`'s trailing dims,
+/// `ShapeTooLarge` when `D` exceeds `isize::MAX` (no such row can exist).
 pub(crate) fn rows_and_len(
     op: &'static str,
     x_shape: &[usize],
@@ -71,19 +79,14 @@ pub(crate) fn rows_and_len(
             normalized: normalized.to_vec(),
         });
     }
-    let too_large = || Error::ShapeTooLarge {
+    let too_large = |_| Error::ShapeTooLarge {
         op,
         shape: x_shape.to_vec(),
     };
-    let d = normalized
-        .iter()
-        .try_fold(1usize, |a, &v| a.checked_mul(v))
-        .ok_or_else(too_large)?;
+    // A zero leading dim means no rows, whatever the other dims are.
+    let d = checked_numel(op, normalized, 1).map_err(too_large)?;
     let lead = &x_shape[..x_shape.len() - normalized.len()];
-    let n = lead
-        .iter()
-        .try_fold(1usize, |a, &v| a.checked_mul(v))
-        .ok_or_else(too_large)?;
+    let n = checked_numel(op, lead, 1).map_err(too_large)?;
     Ok((n, d))
 }
 
@@ -133,6 +136,8 @@ pub(crate) struct LayerNormState<T: Element> {
     gamma: Option<Tensor<T>>,
     mean: Vec<T::Acc>,
     rstd: Vec<T::Acc>,
+    /// Some row took the scaled fallback: backward runs there.
+    scaled: bool,
 }
 
 impl<T: Element> Saved for LayerNormState<T> {
@@ -184,12 +189,35 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 });
             }
         }
-        let out = cpu::forward(
-            x.as_slice()?,
-            self.d,
+        let xs = x.as_slice()?;
+        let (gs, bs) = (
             gamma.map(|g| g.as_slice()).transpose()?,
             beta.map(|b| b.as_slice()).transpose()?,
-            self.eps,
+        );
+        // No rows: nothing to compute (and `d` may be huge).
+        if xs.is_empty() {
+            let state = LayerNormState {
+                x: x.clone(),
+                gamma: gamma.cloned(),
+                mean: Vec::new(),
+                rstd: Vec::new(),
+                scaled: false,
+            };
+            return Ok((x.clone(), state));
+        }
+        let mut out = cpu::forward(xs, self.d, gs, bs, self.eps);
+        let rows = scaled::suspect_rows(xs, self.d, Some(&out.mean), &out.rstd);
+        scaled::forward_rows(
+            xs,
+            self.d,
+            gs,
+            bs,
+            self.eps.f64(),
+            true,
+            &rows,
+            &mut out.y,
+            Some(&mut out.mean),
+            &mut out.rstd,
         );
         let y = Tensor::from_vec(x.shape().to_vec(), out.y)?;
         let state = LayerNormState {
@@ -197,6 +225,7 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
             gamma: gamma.cloned(),
             mean: out.mean,
             rstd: out.rstd,
+            scaled: !rows.is_empty(),
         };
         Ok((y, state))
     }
@@ -220,17 +249,44 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 rhs: s.x.shape().to_vec(),
             });
         }
-        let out = cpu::backward(
-            s.x.as_slice()?,
-            grad.as_slice()?,
-            self.d,
-            s.gamma.as_ref().map(|g| g.as_slice()).transpose()?,
-            &s.mean,
-            &s.rstd,
-            need(0),
-            want_dg,
-            want_db,
-        );
+        let (xs, dy) = (s.x.as_slice()?, grad.as_slice()?);
+        let gs = s.gamma.as_ref().map(|g| g.as_slice()).transpose()?;
+        let out = if xs.is_empty() {
+            // No rows: zero parameter gradients (`d` is small if wanted).
+            let zeros = |w: bool| w.then(|| vec![T::zero(); self.d]);
+            cpu::Backward {
+                dx: need(0).then(Vec::new),
+                dgamma: zeros(want_dg),
+                dbeta: zeros(want_db),
+            }
+        } else if s.scaled {
+            let g = scaled::backward(
+                xs,
+                dy,
+                self.d,
+                gs,
+                self.eps.f64(),
+                true,
+                (need(0), want_dg, want_db),
+            );
+            cpu::Backward {
+                dx: g.dx,
+                dgamma: g.dgamma,
+                dbeta: g.dbeta,
+            }
+        } else {
+            cpu::backward(
+                xs,
+                dy,
+                self.d,
+                gs,
+                &s.mean,
+                &s.rstd,
+                need(0),
+                want_dg,
+                want_db,
+            )
+        };
         let shaped = |v: Option<Vec<T>>, shape: &[usize]| {
             v.map(|v| Tensor::from_vec(shape.to_vec(), v)).transpose()
         };
@@ -263,7 +319,8 @@ pub fn layer_norm<T: Element>(
 /// One tape node that saves 2N statistics in `T::Acc` (f32 for f16/bf16).
 /// Errors: `BadEps` unless `eps` is finite and `> 0`; `EmptyNormalized` for
 /// an empty `normalized_shape` or a zero in it; `NormalizedShape` if it is
-/// not the trailing dims of `x`; `ShapeMismatch` for a gamma/beta of another
+/// not the trailing dims of `x`; `ShapeTooLarge` if it has more than
+/// `isize::MAX` elements; `ShapeMismatch` for a gamma/beta of another
 /// shape. Zero rows (`N = 0`) are fine: an empty output, zero dgamma/dbeta.
 pub fn layer_norm_nd<T: Element>(
     x: &Var<T>,

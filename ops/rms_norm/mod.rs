@@ -13,13 +13,17 @@
 //! `dx = rstd * (g - xhat * <g * xhat>)`, `dgamma = sum over rows of dy * xhat`.
 //! (From `d rstd / d x_k = -rstd^3 x_k / D`; docs/layernorm.md has the
 //! derivation.) The state is `x`, `gamma` (shared handles) and `rstd`: N
-//! numbers in `T::Acc`. NaN stays in its row, as for LayerNorm.
+//! numbers in `T::Acc`. NaN stays in its row, as for LayerNorm. Finite rows
+//! whose squares overflow (|x| past ~1.8e19 in f32) or underflow take the
+//! scaled fallback of `ops/layer_norm/scaled.rs`, as for LayerNorm.
 
 pub(crate) mod cpu;
 
+use crate::dtype::Accum;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
+use crate::ops::layer_norm::scaled;
 use crate::ops::layer_norm::{check_eps, check_param, input, last_axis, rows_and_len};
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
@@ -38,6 +42,8 @@ pub(crate) struct RmsNormState<T: Element> {
     x: Tensor<T>,
     gamma: Option<Tensor<T>>,
     rstd: Vec<T::Acc>,
+    /// Some row took the scaled fallback: backward runs there.
+    scaled: bool,
 }
 
 impl<T: Element> Saved for RmsNormState<T> {
@@ -70,17 +76,38 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
                 });
             }
         }
-        let (y, rstd) = cpu::forward(
-            x.as_slice()?,
+        let xs = x.as_slice()?;
+        let gs = gamma.map(|g| g.as_slice()).transpose()?;
+        // No rows: nothing to compute (and `d` may be huge).
+        if xs.is_empty() {
+            let state = RmsNormState {
+                x: x.clone(),
+                gamma: gamma.cloned(),
+                rstd: Vec::new(),
+                scaled: false,
+            };
+            return Ok((x.clone(), state));
+        }
+        let (mut y, mut rstd) = cpu::forward(xs, self.d, gs, self.eps);
+        let rows = scaled::suspect_rows(xs, self.d, None, &rstd);
+        scaled::forward_rows(
+            xs,
             self.d,
-            gamma.map(|g| g.as_slice()).transpose()?,
-            self.eps,
+            gs,
+            None,
+            self.eps.f64(),
+            false,
+            &rows,
+            &mut y,
+            None,
+            &mut rstd,
         );
         let y = Tensor::from_vec(x.shape().to_vec(), y)?;
         let state = RmsNormState {
             x: x.clone(),
             gamma: gamma.cloned(),
             rstd,
+            scaled: !rows.is_empty(),
         };
         Ok((y, state))
     }
@@ -99,15 +126,29 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
                 rhs: s.x.shape().to_vec(),
             });
         }
-        let (dx, dgamma) = cpu::backward(
-            s.x.as_slice()?,
-            grad.as_slice()?,
-            self.d,
-            s.gamma.as_ref().map(|g| g.as_slice()).transpose()?,
-            &s.rstd,
-            need(0),
-            self.has_gamma && need(1),
-        );
+        let (xs, dy) = (s.x.as_slice()?, grad.as_slice()?);
+        let gs = s.gamma.as_ref().map(|g| g.as_slice()).transpose()?;
+        let want_dg = self.has_gamma && need(1);
+        let (dx, dgamma) = if xs.is_empty() {
+            // No rows: a zero dgamma (`d` is small if it is wanted).
+            (
+                need(0).then(Vec::new),
+                want_dg.then(|| vec![T::zero(); self.d]),
+            )
+        } else if s.scaled {
+            let g = scaled::backward(
+                xs,
+                dy,
+                self.d,
+                gs,
+                self.eps.f64(),
+                false,
+                (need(0), want_dg, false),
+            );
+            (g.dx, g.dgamma)
+        } else {
+            cpu::backward(xs, dy, self.d, gs, &s.rstd, need(0), want_dg)
+        };
         let mut grads = vec![dx
             .map(|v| Tensor::from_vec(s.x.shape().to_vec(), v))
             .transpose()?];
