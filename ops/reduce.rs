@@ -131,7 +131,7 @@ impl<T: Element> Op<T> for Reduce {
             let zero = T::Acc::zero();
             let v = match self.kind {
                 Kind::Sum => zero,
-                Kind::Mean => zero / zero,
+                Kind::Mean => <T::Acc as num_traits::Float>::nan(),
             };
             let out = alloc_filled(self.name, &self.out_shape, T::from_acc(v))?;
             return Ok((Tensor::from_vec(self.out_shape.clone(), out)?, ()));
