@@ -194,13 +194,12 @@ fn cotangent(case: &Case, numel: usize) -> Vec<f64> {
     Rng::new(case.seed).vec(numel)
 }
 
+/// A graph builder: inputs to output.
+type Graph<'a, T> = &'a dyn Fn(&[Var<T>]) -> Result<Var<T>>;
+
 /// Forward and backward of `f` on `inputs` (all vars) with the case's
 /// cotangent (rounded to `T`).
-fn run<T: Element>(
-    case: &Case,
-    f: &dyn Fn(&[Var<T>]) -> Result<Var<T>>,
-    inputs: &[Tensor<T>],
-) -> Result<Run> {
+fn run<T: Element>(case: &Case, f: Graph<'_, T>, inputs: &[Tensor<T>]) -> Result<Run> {
     let tape = Tape::new();
     let vars: Vec<Var<T>> = inputs.iter().map(|t| tape.var(t.clone())).collect();
     let y = f(&vars)?;
@@ -232,7 +231,7 @@ fn run<T: Element>(
 /// dx at D = 1, is nearly 0) only the rounding of the terms is left, and a
 /// relative error of the tiny result means nothing. Zero scales (no rows)
 /// become 1.
-fn term_scales(case: &Case, inputs: &[Tensor<f64>]) -> Result<Vec<f64>> {
+pub fn term_scales(case: &Case, inputs: &[Tensor<f64>]) -> Result<Vec<f64>> {
     let d = case.d().max(1);
     let x = inputs
         .first()
@@ -732,7 +731,7 @@ pub fn sweep(iters: usize, seed: u64) -> Result<Sweep> {
         if x.len() <= 40_000 {
             let fd = fd_error(&case, 8)?;
             w.fd_of_tol = nan_max(w.fd_of_tol, fd.max_diff / norm_vs_fd_f64(k).rtol);
-            if !(fd.max_diff <= w.fd_worst.0) {
+            if fd.max_diff.is_nan() || fd.max_diff > w.fd_worst.0 {
                 w.fd_worst = (fd.max_diff, k);
             }
         }
@@ -938,6 +937,10 @@ mod counted {
     impl Element for Counted {
         type Acc = Counted;
         const NAME: &'static str = "counted";
+        fn pool() -> &'static crate::device::pool::Pool<Self> {
+            static P: crate::device::pool::Pool<Counted> = crate::device::pool::Pool::new();
+            &P
+        }
         fn to_acc(self) -> Counted {
             self
         }
@@ -1058,8 +1061,8 @@ pub struct Traffic {
 /// `elem` bytes and whose statistics take `acc` bytes.
 ///
 /// Each op streams its operands from memory once and writes its result once
-/// (what the kernels in `ops/` do; re-reads of a row that is still in cache
-/// and of a small broadcast operand count once). With `O` the output's
+/// (what the kernels in `ops/` do; re-reads of a row that is still in cache,
+/// of a small broadcast operand and of an operand passed twice count once). With `O` the output's
 /// element count, `I` an input's and `s = elem`:
 ///
 /// | op | forward | backward, per input that needs a gradient |
@@ -1088,7 +1091,13 @@ pub fn node_traffic(nodes: &[NodeInfo], elem: usize, acc: usize) -> Traffic {
         let ins: Vec<&NodeInfo> = node.inputs.iter().filter_map(|&i| nodes.get(i)).collect();
         let isz: Vec<usize> = ins.iter().map(|n| numel(&n.shape)).collect();
         let need: Vec<bool> = ins.iter().map(|n| n.requires_grad).collect();
-        let sum_in: usize = isz.iter().sum();
+        // Forward reads: each distinct input once (mul(x, x) streams x once).
+        let sum_in: usize = isz
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| !node.inputs[..*k].contains(&node.inputs[*k]))
+            .map(|(_, v)| v)
+            .sum();
         let back = |i: usize| {
             if ins[i].shape != node.shape {
                 o + isz[i]
@@ -1100,19 +1109,16 @@ pub fn node_traffic(nodes: &[NodeInfo], elem: usize, acc: usize) -> Traffic {
         let (fwd, bwd) = match node.op {
             "add" | "sub" => {
                 let mut b = 0;
-                for i in 0..ins.len() {
-                    if need[i] {
-                        b += back(i) + if node.op == "sub" && i == 1 { 2 * o } else { 0 };
-                    }
+                for (i, _) in need.iter().enumerate().filter(|(_, n)| **n) {
+                    b += back(i) + if node.op == "sub" && i == 1 { 2 * o } else { 0 };
                 }
                 ((sum_in + o) * elem, b * elem)
             }
             "mul" => {
                 let mut b = 0;
-                for i in 0..ins.len() {
-                    if need[i] {
-                        b += 2 * o + isz[1 - i.min(1)] + back(i);
-                    }
+                for (i, _) in need.iter().enumerate().filter(|(_, n)| **n) {
+                    let other = isz.get(1 - i.min(1)).copied().unwrap_or(0);
+                    b += 2 * o + other + back(i);
                 }
                 ((sum_in + o) * elem, b * elem)
             }

@@ -15,6 +15,7 @@
 
 use crate::device::cpu::rows_per_chunk;
 use crate::dtype::{Accum, Element};
+use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
 
@@ -99,6 +100,7 @@ fn row_sq_dev<T: Element>(x: &[T], m: Acc<T>) -> Acc<T> {
 
 /// Forward over whole rows: statistics, then `y = (x - m) * rstd * g + b`.
 /// `G`/`B` say whether gamma/beta are present (their slices are empty if not).
+#[allow(clippy::too_many_arguments)]
 fn fwd_rows<T: Element, const G: bool, const B: bool>(
     x: &[T],
     y: &mut [T],
@@ -161,7 +163,8 @@ pub(crate) fn forward<T: Element>(
 ) -> Forward<T> {
     let n = x.len() / d;
     let (g, b) = (widen(gamma), widen(beta));
-    let mut y = vec![T::zero(); n * d];
+    // Every element is written below, so a recycled buffer will do.
+    let mut y = Tensor::<T>::scratch(n * d);
     let mut mean = vec![Acc::<T>::zero(); n];
     let mut rstd = vec![Acc::<T>::zero(); n];
     let run = match (gamma.is_some(), beta.is_some()) {
@@ -345,7 +348,8 @@ pub(crate) fn backward<T: Element>(
     };
     let rpg = rows_per_group(n, d);
     let ngroups = n.div_ceil(rpg);
-    let mut dx = want_dx.then(|| vec![T::zero(); n * d]);
+    // Every row of dx is written by pass B.
+    let mut dx = want_dx.then(|| Tensor::<T>::scratch(n * d));
     let mut parts = vec![Acc::<T>::zero(); if want_p { ngroups * 2 * d } else { 0 }];
     {
         let mut dx_it = dx.as_deref_mut().map(|v| v.chunks_mut(rpg * d));

@@ -7,6 +7,7 @@
 use crate::device::cpu::rows_per_chunk;
 use crate::dtype::Element;
 use crate::ops::layer_norm::cpu::{count, fold, reduce_partials, rows_per_group, widen, LANES};
+use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
 
@@ -67,7 +68,7 @@ pub(crate) fn forward<T: Element>(
 ) -> (Vec<T>, Vec<Acc<T>>) {
     let n = x.len() / d;
     let g = widen(gamma);
-    let mut y = vec![T::zero(); n * d];
+    let mut y = Tensor::<T>::scratch(n * d);
     let mut rstd = vec![Acc::<T>::zero(); n];
     let run = if gamma.is_some() {
         fwd_rows::<T, true>
@@ -184,7 +185,7 @@ pub(crate) fn backward<T: Element>(
     };
     let rpg = rows_per_group(n, d);
     let ngroups = n.div_ceil(rpg);
-    let mut dx = want_dx.then(|| vec![T::zero(); n * d]);
+    let mut dx = want_dx.then(|| Tensor::<T>::scratch(n * d));
     let mut parts = vec![Acc::<T>::zero(); if want_dgamma { ngroups * d } else { 0 }];
     {
         let mut dx_it = dx.as_deref_mut().map(|v| v.chunks_mut(rpg * d));
