@@ -947,10 +947,6 @@ mod counted {
         fn from_acc(a: Counted) -> Self {
             a
         }
-        fn pool() -> &'static crate::device::pool::Pool<Self> {
-            static P: crate::device::pool::Pool<Counted> = crate::device::pool::Pool::new();
-            &P
-        }
     }
 }
 

@@ -262,7 +262,8 @@ where
     C: Fn(&[Var<T>]) -> Result<Var<T>>,
 {
     type Outcome = (Vec<f64>, Vec<Vec<f64>>);
-    let run = |g: &dyn Fn(&[Var<T>]) -> Result<Var<T>>| -> Result<Outcome> {
+    type Graph<'a, T> = &'a dyn Fn(&[Var<T>]) -> Result<Var<T>>;
+    let run = |g: Graph<'_, T>| -> Result<Outcome> {
         let tape = Tape::new();
         let vars: Vec<Var<T>> = inputs.iter().map(|t| tape.var(t.clone())).collect();
         let y = g(&vars)?;
