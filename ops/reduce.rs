@@ -124,11 +124,19 @@ impl<T: Element> Op<T> for Reduce {
             });
         }
         let xs = x[0].as_slice()?;
-        let sums: Vec<T::Acc> = if self.count == 0 {
-            // Reducing over nothing: the output (of zeros) can be far larger
-            // than the (empty) input, so allocate fallibly.
-            alloc_filled(self.name, &self.keep_shape, T::Acc::zero())?
-        } else if xs.is_empty() {
+        if self.count == 0 {
+            // Reducing over nothing: sums are 0, means 0/0 = NaN (as NumPy).
+            // The output can be far larger than the (empty) input, so it is
+            // allocated fallibly, in T.
+            let zero = T::Acc::zero();
+            let v = match self.kind {
+                Kind::Sum => zero,
+                Kind::Mean => <T::Acc as num_traits::Float>::nan(),
+            };
+            let out = alloc_filled(self.name, &self.out_shape, T::from_acc(v))?;
+            return Ok((Tensor::from_vec(self.out_shape.clone(), out)?, ()));
+        }
+        let sums: Vec<T::Acc> = if xs.is_empty() {
             Vec::new()
         } else if self.trailing {
             xs.chunks_exact(self.count).map(sum_run).collect()
@@ -140,7 +148,6 @@ impl<T: Element> Op<T> for Reduce {
         };
         let v = match self.kind {
             Kind::Sum => sums.into_iter().map(T::from_acc).collect(),
-            // n = 0 gives 0/0 = NaN, as NumPy does.
             Kind::Mean => {
                 let n = T::Acc::of(self.count as f64);
                 sums.into_iter().map(|s| T::from_acc(s / n)).collect()

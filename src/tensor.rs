@@ -67,7 +67,6 @@ impl<T: Element> Tensor<T> {
     /// A buffer of `n` elements for a kernel to fill completely: recycled
     /// from the pool when one of that length is free (contents unspecified).
     /// Crate-private: `n` must be the size of a tensor that already exists.
-    #[allow(dead_code)] // for the pooled kernels
     pub(crate) fn scratch(n: usize) -> Vec<T> {
         T::pool().take(n)
     }

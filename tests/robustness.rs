@@ -971,7 +971,7 @@ fn run_case<T: Element>(case: &Case) -> Result<(), TestCaseError> {
             Step::Mse(a, b, _) => {
                 let a = at(*a);
                 let b = if r.uniform() < 0.5 {
-                    fresh(&tape, &a.shape().to_vec(), &mut r, dtype)?.unwrap_or_else(|| at(*b))
+                    fresh(&tape, a.shape(), &mut r, dtype)?.unwrap_or_else(|| at(*b))
                 } else {
                     at(*b)
                 };
