@@ -190,11 +190,14 @@ fn cotangent(case: &Case, numel: usize) -> Vec<f64> {
     Rng::new(case.seed).vec(numel)
 }
 
+/// A graph builder: inputs to output.
+type Graph<'a, T> = &'a dyn Fn(&[Var<T>]) -> Result<Var<T>>;
+
 /// Forward and backward of `f` on `inputs` (all vars) with the case's
 /// cotangent (rounded to `T`).
 fn run<T: Element>(
     case: &Case,
-    f: &dyn Fn(&[Var<T>]) -> Result<Var<T>>,
+    f: Graph<'_, T>,
     inputs: &[Tensor<T>],
 ) -> Result<Run> {
     let tape = Tape::new();
@@ -230,9 +233,21 @@ fn run<T: Element>(
 /// become 1.
 fn term_scales(case: &Case, inputs: &[Tensor<f64>]) -> Result<Vec<f64>> {
     let d = case.d().max(1);
-    let x = inputs.first().map(|t| t.to_f64_vec()).transpose()?.unwrap_or_default();
-    let gamma = inputs.get(1).map(|t| t.to_f64_vec()).transpose()?.unwrap_or_else(|| vec![1.0; d]);
-    let beta = inputs.get(2).map(|t| t.to_f64_vec()).transpose()?.unwrap_or_else(|| vec![0.0; d]);
+    let x = inputs
+        .first()
+        .map(|t| t.to_f64_vec())
+        .transpose()?
+        .unwrap_or_default();
+    let gamma = inputs
+        .get(1)
+        .map(|t| t.to_f64_vec())
+        .transpose()?
+        .unwrap_or_else(|| vec![1.0; d]);
+    let beta = inputs
+        .get(2)
+        .map(|t| t.to_f64_vec())
+        .transpose()?
+        .unwrap_or_else(|| vec![0.0; d]);
     let c = cotangent(case, x.len());
     let (mut sy, mut sx) = (0.0f64, 0.0f64);
     let (mut sg, mut sb) = (vec![0.0f64; d], vec![0.0f64; d]);
@@ -481,7 +496,17 @@ impl ThreeWayRow {
     pub fn header() -> String {
         format!(
             "{:<10} {:<13} {:<9} {:>6} {:>6} {:>6} {:>7} {:>9} {:>9} {:>9} {:>4}",
-            "op", "shape", "normed", "offset", "scale", "eps", "cond", "y f-c", "grad f-c", "vs FD", "FD n"
+            "op",
+            "shape",
+            "normed",
+            "offset",
+            "scale",
+            "eps",
+            "cond",
+            "y f-c",
+            "grad f-c",
+            "vs FD",
+            "FD n"
         )
     }
 }
@@ -571,6 +596,156 @@ pub fn three_way_table() -> Result<ThreeWay> {
         .map(|c| three_way(c, 32))
         .collect::<Result<Vec<_>>>()
         .map(ThreeWay)
+}
+
+/// The random case the property tests draw (tests/layer_norm_props.rs and
+/// tests/rms_norm_props.rs draw `rng`'s seed with proptest):
+///
+/// - normalized over 1 or 2 trailing dims of total size D in `1..=2048`
+///   (half the time a prime, a power of two or a neighbour of one); with 2
+///   dims, D is split at a random divisor;
+/// - 0 to `4 - dims` leading dims: none (N = 1), `[0..=64]`, `[0..=8; 2]`
+///   or `[0..=4; 3]`, so rank 1 to 4 and N from 0 to 64;
+/// - `x = offset + scale z`: scale `10^U(-3, 6)`, offset 0 half the time,
+///   else `+-10^U(0, log10 max_offset)`; eps `10^U(-12, -2)`.
+pub fn random_case(rng: &mut Rng, norm: Norm, max_offset: f64) -> Case {
+    const SPECIAL: [usize; 17] = [
+        1, 2, 3, 5, 7, 13, 31, 64, 127, 509, 768, 1021, 1024, 1031, 2039, 2047, 2048,
+    ];
+    let d = if rng.uniform() < 0.5 {
+        SPECIAL[rng.below(SPECIAL.len())]
+    } else {
+        1 + rng.below(2048)
+    };
+    let normalized = if rng.uniform() < 0.5 {
+        vec![d]
+    } else {
+        let divisors: Vec<usize> = (1..=d).filter(|a| d % a == 0).collect();
+        let a = divisors[rng.below(divisors.len())];
+        vec![a, d / a]
+    };
+    let mut shape: Vec<usize> = match rng.below(5 - normalized.len()) {
+        0 => vec![],
+        1 => vec![rng.below(65)],
+        2 => vec![rng.below(9), rng.below(9)],
+        _ => vec![rng.below(5), rng.below(5), rng.below(5)],
+    };
+    shape.extend(&normalized);
+    let scale = 10f64.powf(rng.range(-3.0, 6.0));
+    let offset = if rng.uniform() < 0.5 {
+        0.0
+    } else {
+        let sign = if rng.uniform() < 0.5 { -1.0 } else { 1.0 };
+        sign * 10f64.powf(rng.range(0.0, max_offset.log10()))
+    };
+    Case {
+        scale,
+        offset,
+        eps: 10f64.powf(rng.range(-12.0, -2.0)),
+        seed: rng.next_u64(),
+        ..Case::new(norm, &shape, &normalized)
+    }
+}
+
+/// Worst observations of [`sweep`]: each comparison's largest difference
+/// divided by `cond * u` (the part of the tolerance that scales), and by
+/// the whole named tolerance (below 1 means it passes).
+#[derive(Debug, Clone, Default)]
+pub struct Sweep {
+    /// Cases run (LayerNorm and RMSNorm alternate).
+    pub cases: usize,
+    /// f64 fused vs composed: max of diff / (cond 2^-52).
+    pub f64_fc_per_cond_u: f64,
+    /// ... and max of diff / `norm_fused_vs_composed_f64(cond)`.
+    pub f64_fc_of_tol: f64,
+    /// f32 fused vs composed: max of diff / (cond 2^-23).
+    pub f32_fc_per_cond_u: f64,
+    /// ... and of diff / `norm_f32(cond)`.
+    pub f32_fc_of_tol: f64,
+    /// f32 fused vs f64 fused: max of diff / (cond 2^-23).
+    pub f32_f64_per_cond_u: f64,
+    /// ... and of diff / `norm_f32(cond)`.
+    pub f32_f64_of_tol: f64,
+    /// f64 fused vs finite differences: max of diff / `norm_vs_fd_f64(cond)`
+    /// (cases up to 40k elements, 8 checks per input).
+    pub fd_of_tol: f64,
+    /// Largest finite-difference error seen, and the cond where it was.
+    pub fd_worst: (f64, f64),
+}
+
+impl fmt::Display for Sweep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} random cases; worst difference / (cond u) and / tolerance:",
+            self.cases
+        )?;
+        writeln!(
+            f,
+            "  f64 fused vs composed   {:>7.2}  {:.2e}",
+            self.f64_fc_per_cond_u, self.f64_fc_of_tol
+        )?;
+        writeln!(
+            f,
+            "  f32 fused vs composed   {:>7.2}  {:.2e}",
+            self.f32_fc_per_cond_u, self.f32_fc_of_tol
+        )?;
+        writeln!(
+            f,
+            "  f32 fused vs f64 fused  {:>7.2}  {:.2e}",
+            self.f32_f64_per_cond_u, self.f32_f64_of_tol
+        )?;
+        writeln!(
+            f,
+            "  f64 fused vs FD               -  {:.2e} (largest error {:.2e} at cond {:.1e})",
+            self.fd_of_tol, self.fd_worst.0, self.fd_worst.1
+        )
+    }
+}
+
+/// Runs `iters` random cases ([`random_case`]; offsets up to 1e8 in f64 and
+/// 1e4 in f32) through every comparison the property tests make and keeps
+/// the worst ratios: the measurement the factor in the norm tolerances
+/// (src/tolerance.rs) rests on.
+pub fn sweep(iters: usize, seed: u64) -> Result<Sweep> {
+    use crate::tolerance::{norm_f32, norm_fused_vs_composed_f64, norm_vs_fd_f64};
+    let mut rng = Rng::new(seed);
+    let mut w = Sweep {
+        cases: iters,
+        ..Sweep::default()
+    };
+    let (u64_, u32_) = (f64::EPSILON, f32::EPSILON as f64);
+    for i in 0..iters {
+        let norm = if i % 2 == 0 {
+            Norm::LayerNorm
+        } else {
+            Norm::RmsNorm
+        };
+        let mut case = random_case(&mut rng, norm, 1e8);
+        let d = case.d();
+        let x = case.inputs::<f64>()?[0].to_f64_vec()?;
+        let k = condition(norm, &x, d, case.eps);
+        let fc = fused_vs_composed::<f64>(&case)?.max();
+        w.f64_fc_per_cond_u = nan_max(w.f64_fc_per_cond_u, fc / (k * u64_));
+        w.f64_fc_of_tol = nan_max(w.f64_fc_of_tol, fc / norm_fused_vs_composed_f64(k).rtol);
+        if x.len() <= 40_000 {
+            let fd = fd_error(&case, 8)?;
+            w.fd_of_tol = nan_max(w.fd_of_tol, fd.max_diff / norm_vs_fd_f64(k).rtol);
+            if fd.max_diff.is_nan() || fd.max_diff > w.fd_worst.0 {
+                w.fd_worst = (fd.max_diff, k);
+            }
+        }
+        case.offset = case.offset.clamp(-1e4, 1e4);
+        let x = case.inputs::<f32>()?[0].to_f64_vec()?;
+        let k = condition(norm, &x, d, case.eps);
+        let fc = fused_vs_composed::<f32>(&case)?.max();
+        w.f32_fc_per_cond_u = nan_max(w.f32_fc_per_cond_u, fc / (k * u32_));
+        w.f32_fc_of_tol = nan_max(w.f32_fc_of_tol, fc / norm_f32(k).rtol);
+        let lo = vs_f64::<f32>(&case)?.max();
+        w.f32_f64_per_cond_u = nan_max(w.f32_f64_per_cond_u, lo / (k * u32_));
+        w.f32_f64_of_tol = nan_max(w.f32_f64_of_tol, lo / norm_f32(k).rtol);
+    }
+    Ok(w)
 }
 
 // ------------------------------------------------------------------------
@@ -696,11 +871,26 @@ mod counted {
     }
 
     impl Float for Counted {
-        free!(nan, infinity, neg_infinity, neg_zero, min_value, min_positive_value, max_value);
-        pred!(is_nan, is_infinite, is_finite, is_normal, is_sign_positive, is_sign_negative);
+        free!(
+            nan,
+            infinity,
+            neg_infinity,
+            neg_zero,
+            min_value,
+            min_positive_value,
+            max_value
+        );
+        pred!(
+            is_nan,
+            is_infinite,
+            is_finite,
+            is_normal,
+            is_sign_positive,
+            is_sign_negative
+        );
         unary!(
-            recip, sqrt, exp, exp2, ln, log2, log10, cbrt, sin, cos, tan, asin, acos, atan,
-            exp_m1, ln_1p, sinh, cosh, tanh, asinh, acosh, atanh
+            recip, sqrt, exp, exp2, ln, log2, log10, cbrt, sin, cos, tan, asin, acos, atan, exp_m1,
+            ln_1p, sinh, cosh, tanh, asinh, acosh, atanh
         );
         exact!(floor, ceil, round, trunc, fract, abs, signum);
         binary!(powf, log, hypot, atan2);
@@ -909,26 +1099,26 @@ pub fn node_traffic(nodes: &[NodeInfo], elem: usize, acc: usize) -> Traffic {
         let (fwd, bwd) = match node.op {
             "add" | "sub" => {
                 let mut b = 0;
-                for i in 0..ins.len() {
-                    if need[i] {
-                        b += back(i) + if node.op == "sub" && i == 1 { 2 * o } else { 0 };
-                    }
+                for (i, _) in need.iter().enumerate().filter(|(_, n)| **n) {
+                    b += back(i) + if node.op == "sub" && i == 1 { 2 * o } else { 0 };
                 }
                 ((sum_in + o) * elem, b * elem)
             }
             "mul" => {
                 let mut b = 0;
-                for i in 0..ins.len() {
-                    if need[i] {
-                        b += 2 * o + isz[1 - i.min(1)] + back(i);
-                    }
+                for (i, _) in need.iter().enumerate().filter(|(_, n)| **n) {
+                    let other = isz.get(1 - i.min(1)).copied().unwrap_or(0);
+                    b += 2 * o + other + back(i);
                 }
                 ((sum_in + o) * elem, b * elem)
             }
-            "mean_axes" | "sum_axes" | "mean" | "sum" => {
-                ((sum_in + o) * elem, if need[0] { (o + sum_in) * elem } else { 0 })
+            "mean_axes" | "sum_axes" | "mean" | "sum" => (
+                (sum_in + o) * elem,
+                if need[0] { (o + sum_in) * elem } else { 0 },
+            ),
+            "rsqrt" | "sqrt" | "exp" => {
+                ((sum_in + o) * elem, if need[0] { 3 * o * elem } else { 0 })
             }
-            "rsqrt" | "sqrt" | "exp" => ((sum_in + o) * elem, if need[0] { 3 * o * elem } else { 0 }),
             "scalar_add" => ((sum_in + o) * elem, 0),
             "reshape" => (0, 0),
             "layer_norm" | "rms_norm" => {
@@ -937,7 +1127,11 @@ pub fn node_traffic(nodes: &[NodeInfo], elem: usize, acc: usize) -> Traffic {
             }
             _ => {
                 modelled = false;
-                let b: usize = isz.iter().zip(&need).map(|(i, n)| if *n { *i } else { 0 }).sum();
+                let b: usize = isz
+                    .iter()
+                    .zip(&need)
+                    .map(|(i, n)| if *n { *i } else { 0 })
+                    .sum();
                 ((sum_in + o) * elem, (o + sum_in + b) * elem)
             }
         };
@@ -1005,7 +1199,13 @@ fn fused_traffic_node(
     let bwd = (2 * nd + gamma + nd) * elem
         + stats * n * acc
         + partial
-        + need.iter().zip(isz).skip(1).map(|(b, i)| if *b { *i } else { 0 }).sum::<usize>() * elem;
+        + need
+            .iter()
+            .zip(isz)
+            .skip(1)
+            .map(|(b, i)| if *b { *i } else { 0 })
+            .sum::<usize>()
+            * elem;
     (fwd, bwd)
 }
 
@@ -1046,7 +1246,11 @@ pub struct Report(pub Vec<NormReport>);
 
 fn graph<T: Element>(case: &Case, fused: bool) -> Result<Tape<T>> {
     let tape = Tape::new();
-    let vars: Vec<Var<T>> = case.inputs::<T>()?.into_iter().map(|t| tape.var(t)).collect();
+    let vars: Vec<Var<T>> = case
+        .inputs::<T>()?
+        .into_iter()
+        .map(|t| tape.var(t))
+        .collect();
     let (x, p) = split_first(&vars)?;
     case.apply(fused, x, p)?;
     Ok(tape)
@@ -1105,11 +1309,28 @@ impl fmt::Display for NormReport {
         let nd = (self.n * self.d) as f64;
         let name = self.norm.name();
         writeln!(f, "== {name}: {} x {} ({}) ==", self.n, self.d, self.dtype)?;
-        writeln!(f, "FLOPs (counted)      forward                                   backward")?;
-        writeln!(f, "  fused              {}   {}", self.fused_flops.0, self.fused_flops.1)?;
-        writeln!(f, "  composed           {}   {}", self.composed_flops.0, self.composed_flops.1)?;
-        writeln!(f, "Bytes moved per element (model)   forward   backward   total")?;
-        for (label, t) in [("fused", &self.fused_traffic), ("composed", &self.composed_traffic)] {
+        writeln!(
+            f,
+            "FLOPs (counted)      forward                                   backward"
+        )?;
+        writeln!(
+            f,
+            "  fused              {}   {}",
+            self.fused_flops.0, self.fused_flops.1
+        )?;
+        writeln!(
+            f,
+            "  composed           {}   {}",
+            self.composed_flops.0, self.composed_flops.1
+        )?;
+        writeln!(
+            f,
+            "Bytes moved per element (model)   forward   backward   total"
+        )?;
+        for (label, t) in [
+            ("fused", &self.fused_traffic),
+            ("composed", &self.composed_traffic),
+        ] {
             writeln!(
                 f,
                 "  {label:<31} {:>8.2} {:>10.2} {:>7.2}",
@@ -1126,7 +1347,10 @@ impl fmt::Display for NormReport {
             (self.composed_traffic.fwd + self.composed_traffic.bwd) as f64
                 / (self.fused_traffic.fwd + self.fused_traffic.bwd).max(1) as f64
         )?;
-        writeln!(f, "  composed graph, node by node (bytes per element of x):")?;
+        writeln!(
+            f,
+            "  composed graph, node by node (bytes per element of x):"
+        )?;
         for t in &self.composed_traffic.nodes {
             writeln!(
                 f,
@@ -1135,7 +1359,11 @@ impl fmt::Display for NormReport {
                 format!("{:?}", t.shape),
                 t.fwd as f64 / nd,
                 t.bwd as f64 / nd,
-                if t.modelled { "" } else { " (generic estimate)" }
+                if t.modelled {
+                    ""
+                } else {
+                    " (generic estimate)"
+                }
             )?;
         }
         writeln!(f, "Saved for backward (Tape::saved_bytes, leaf inputs)")?;

@@ -82,9 +82,10 @@ pub const F64_VS_REFERENCE: Tolerance = Tolerance {
 // condition number `cond = max |x| / sqrt(var + eps)` (`analysis::condition`;
 // about 3 for centred data, about offset/std with a large common offset):
 // rounding `x` by a unit `u` moves `xhat` by about `cond * u`, whichever path
-// computes it. The factor 16 covers summation error growth over rows of up
-// to 2048 elements in eight lanes (measured worst: 2.8 in f64, 9.5 in f32,
-// over 6000 random cases; see docs/layernorm.md).
+// computes it. The factor covers summation error growth over rows of up to
+// 2048 elements (worst measured difference / (cond u) over 6000 random
+// cases: 2.7 for f64 fused vs composed, 10.5 for f32 fused vs composed, 7.6
+// for f32 vs f64: `cargo run --release --example layernorm_analysis sweep`).
 
 /// f64 fused vs f64 composed: `1e-9 + 16 * cond * 2^-52`.
 pub fn norm_fused_vs_composed_f64(cond: f64) -> Tolerance {
@@ -94,11 +95,11 @@ pub fn norm_fused_vs_composed_f64(cond: f64) -> Tolerance {
     }
 }
 
-/// f32 against f32 composed or against f64: `1e-5 + 16 * cond * 2^-23`.
+/// f32 against f32 composed or against f64: `1e-5 + 32 * cond * 2^-23`.
 pub fn norm_f32(cond: f64) -> Tolerance {
     Tolerance {
         atol: 0.0,
-        rtol: 1e-5 + 16.0 * cond * f32::EPSILON as f64,
+        rtol: 1e-5 + 32.0 * cond * f32::EPSILON as f64,
     }
 }
 

@@ -409,3 +409,112 @@ fn f16_and_bf16_follow_f64() {
     low_precision_vs_f64::<bf16>(tolerance::BF16_VS_F64);
     low_precision_vs_f64::<f32>(tolerance::F32_VS_F64);
 }
+
+#[test]
+fn composed_twin_saves_at_least_one_value_per_element() {
+    fn check<T: Element>(n: usize, d: usize) {
+        let tape = Tape::<T>::new();
+        let x = tape.var(Tensor::<T>::zeros(&[n, d]).unwrap());
+        let g = tape.var(Tensor::<T>::zeros(&[d]).unwrap());
+        let b = tape.var(Tensor::<T>::zeros(&[d]).unwrap());
+        ops::layer_norm_composed(&x, Some(&g), Some(&b), 1e-5).unwrap();
+        let saved = tape.saved_bytes();
+        assert!(
+            saved >= n * d * std::mem::size_of::<T>(),
+            "{} {saved}",
+            T::NAME
+        );
+        // And the fused op saves far less.
+        let tape = Tape::<T>::new();
+        let x = tape.var(Tensor::<T>::zeros(&[n, d]).unwrap());
+        ops::layer_norm(&x, None, None, 1e-5).unwrap();
+        assert!(tape.saved_bytes() * d / 4 <= saved);
+    }
+    check::<f32>(64, 256);
+    check::<f64>(3, 7);
+    check::<f16>(10, 1024);
+}
+
+/// Every combination of present parameters and of which inputs want a
+/// gradient (the kernel has a specialized path for each) matches the
+/// composed twin.
+#[test]
+fn optional_params_and_partial_gradients_match_composed() {
+    let mut rng = Rng::new(31);
+    let (n, d) = (5, 19);
+    let x = normal(&mut rng, n * d, 2.0, 1.0);
+    let gamma = normal(&mut rng, d, 1.0, 1.0);
+    let beta = normal(&mut rng, d, 1.0, 0.0);
+    let dy = rng.vec(n * d);
+    for mask in 0..27u32 {
+        // Each of x, gamma, beta: 0 = absent (x: constant), 1 = constant, 2 = var.
+        let (mx, mg, mb) = (mask % 3, (mask / 3) % 3, mask / 9);
+        if mx == 0 && mg < 2 && mb < 2 {
+            continue; // nothing wants a gradient
+        }
+        let run = |fused: bool| -> Vec<Vec<f64>> {
+            let tape = Tape::<f64>::new();
+            let mk = |m: u32, shape: &[usize], v: &[f64]| match m {
+                2 => Some(tape.var(tensor::<f64>(shape, v))),
+                1 => Some(tape.constant(tensor::<f64>(shape, v))),
+                _ => None,
+            };
+            let xv = mk(mx.max(1), &[n, d], &x).unwrap();
+            let gv = mk(mg, &[d], &gamma);
+            let bv = mk(mb, &[d], &beta);
+            let y = if fused {
+                ops::layer_norm(&xv, gv.as_ref(), bv.as_ref(), 1e-5)
+            } else {
+                ops::layer_norm_composed(&xv, gv.as_ref(), bv.as_ref(), 1e-5)
+            }
+            .unwrap();
+            let mut out = vec![y.value().to_f64_vec().unwrap()];
+            let g = y.backward_with(&tensor::<f64>(&[n, d], &dy)).unwrap();
+            for v in [Some(&xv), gv.as_ref(), bv.as_ref()].into_iter().flatten() {
+                if v.requires_grad() {
+                    out.push(g.wrt(v).unwrap().to_f64_vec().unwrap());
+                }
+            }
+            out
+        };
+        let (a, b) = (run(true), run(false));
+        assert_eq!(a.len(), b.len(), "mask {mask}");
+        for (p, q) in a.iter().zip(&b) {
+            assert!(rel_diff(p, q) < 1e-13, "mask {mask}: {:e}", rel_diff(p, q));
+        }
+    }
+}
+
+#[test]
+fn long_rows_three_way() {
+    use fusegrad::analysis::{self, Case, Norm};
+    let c = Case::new(Norm::LayerNorm, &[3, 16384], &[16384]);
+    let row = analysis::three_way(&c, 16).unwrap();
+    assert!(
+        row.fc.max() <= tolerance::norm_fused_vs_composed_f64(row.cond).rtol,
+        "{row}"
+    );
+    assert!(
+        row.fd.max_diff <= tolerance::norm_vs_fd_f64(row.cond).rtol,
+        "{row}"
+    );
+    let lo = analysis::fused_vs_composed::<f32>(&c).unwrap();
+    assert!(lo.max() <= tolerance::norm_f32(row.cond).rtol, "{lo}");
+}
+
+#[test]
+fn composed_twin_rejects_the_same_arguments() {
+    let tape = Tape::<f32>::new();
+    let x = tape.var(Tensor::zeros(&[2, 3, 4]).unwrap());
+    let g3 = tape.var(Tensor::zeros(&[3]).unwrap());
+    let e = ops::layer_norm_composed(&x, Some(&g3), None, 1e-5).unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+    let e = ops::layer_norm_composed(&x, None, Some(&g3), 1e-5).unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+    let e = ops::layer_norm_composed(&x, None, None, -1.0).unwrap_err();
+    assert!(matches!(e, Error::BadEps { .. }), "{e}");
+    let e = ops::layer_norm_composed_nd(&x, &[], None, None, 1e-5).unwrap_err();
+    assert!(matches!(e, Error::EmptyNormalized { .. }), "{e}");
+    let e = ops::layer_norm_composed_nd(&x, &[2, 4], None, None, 1e-5).unwrap_err();
+    assert!(matches!(e, Error::NormalizedShape { .. }), "{e}");
+}

@@ -99,6 +99,7 @@ fn row_sq_dev<T: Element>(x: &[T], m: Acc<T>) -> Acc<T> {
 
 /// Forward over whole rows: statistics, then `y = (x - m) * rstd * g + b`.
 /// `G`/`B` say whether gamma/beta are present (their slices are empty if not).
+#[allow(clippy::too_many_arguments)]
 fn fwd_rows<T: Element, const G: bool, const B: bool>(
     x: &[T],
     y: &mut [T],
