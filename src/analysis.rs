@@ -195,11 +195,7 @@ type Graph<'a, T> = &'a dyn Fn(&[Var<T>]) -> Result<Var<T>>;
 
 /// Forward and backward of `f` on `inputs` (all vars) with the case's
 /// cotangent (rounded to `T`).
-fn run<T: Element>(
-    case: &Case,
-    f: Graph<'_, T>,
-    inputs: &[Tensor<T>],
-) -> Result<Run> {
+fn run<T: Element>(case: &Case, f: Graph<'_, T>, inputs: &[Tensor<T>]) -> Result<Run> {
     let tape = Tape::new();
     let vars: Vec<Var<T>> = inputs.iter().map(|t| tape.var(t.clone())).collect();
     let y = f(&vars)?;

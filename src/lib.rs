@@ -3,6 +3,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod analysis;
+pub mod bench;
 pub mod device;
 pub mod dtype;
 pub mod error;
