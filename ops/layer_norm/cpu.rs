@@ -24,10 +24,11 @@
 //! on every call, and f32 outputs above [`should_stream`]'s threshold are
 //! written with non-temporal stores ([`write_row`]).
 
+pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    dispatch, fence, rows_per_chunk, should_stream, write_row, Kernel, Lanes,
+    dispatch, fence, prefetch, rows_per_chunk, should_stream, write_row, Kernel, Lanes,
 };
-pub(crate) use crate::device::cpu::{fold, LANES};
+use crate::device::cpu::{each_chunk, fold_all, UNROLL};
 use crate::dtype::{Accum, Element};
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
@@ -88,13 +89,18 @@ fn row_mean<T: Element, V: Lanes<T>>(x: &[T]) -> Acc<T> {
         return Acc::<T>::zero();
     };
     let x0 = first.to_acc();
-    let (chunks, rest) = x.as_chunks::<LANES>();
-    let (v0, mut acc) = (V::splat(x0), V::splat(Acc::<T>::zero()));
-    for c in chunks {
-        acc = acc.add(V::load(c).sub(v0));
-    }
-    let mut s = fold(acc.lanes());
-    for v in rest {
+    let (v0, mut acc) = (V::splat(x0), [V::splat(Acc::<T>::zero()); UNROLL]);
+    each_chunk(
+        x.len(),
+        #[inline(always)]
+        |j, i| {
+            prefetch(x, i);
+            // SAFETY: `each_chunk` passes `i + LANES <= x.len()`.
+            acc[j] = acc[j].add(unsafe { V::load_at(x, i) }.sub(v0));
+        },
+    );
+    let mut s = fold_all(acc);
+    for v in x.as_chunks::<LANES>().1 {
         s += v.to_acc() - x0;
     }
     x0 + s / count(x.len())
@@ -103,14 +109,18 @@ fn row_mean<T: Element, V: Lanes<T>>(x: &[T]) -> Acc<T> {
 /// `sum((x - m)^2)` over a row: the second of the two passes.
 #[inline(always)]
 fn row_sq_dev<T: Element, V: Lanes<T>>(x: &[T], m: Acc<T>) -> Acc<T> {
-    let (chunks, rest) = x.as_chunks::<LANES>();
-    let (mv, mut acc) = (V::splat(m), V::splat(Acc::<T>::zero()));
-    for c in chunks {
-        let e = V::load(c).sub(mv);
-        acc = acc.add(e.mul(e));
-    }
-    let mut s = fold(acc.lanes());
-    for v in rest {
+    let (mv, mut acc) = (V::splat(m), [V::splat(Acc::<T>::zero()); UNROLL]);
+    each_chunk(
+        x.len(),
+        #[inline(always)]
+        |j, i| {
+            // SAFETY: `each_chunk` passes `i + LANES <= x.len()`.
+            let e = unsafe { V::load_at(x, i) }.sub(mv);
+            acc[j] = acc[j].add(e.mul(e));
+        },
+    );
+    let mut s = fold_all(acc);
+    for v in x.as_chunks::<LANES>().1 {
         let e = v.to_acc() - m;
         s += e * e;
     }
@@ -306,7 +316,8 @@ pub(crate) fn forward<T: Element>(
 /// Pass A of one backward row (reads `x`, `dy` from memory):
 /// `xhat = (x - m) * r`, `g = dy * gamma`, and returns the sums of `g` and
 /// `g * xhat` (if `DX`); adds the partials `pg += dy * xhat`, `pb += dy`
-/// (if `P`). Elements past the last group of 8 go into lane 0.
+/// (if `P`). Elements past the last whole group of lanes are added, in
+/// order, after the fold.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn bwd_sums<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
@@ -318,46 +329,50 @@ fn bwd_sums<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
     pg: &mut [Acc<T>],
     pb: &mut [Acc<T>],
 ) -> (Acc<T>, Acc<T>) {
-    let zero = Acc::<T>::zero();
+    let zero = V::splat(Acc::<T>::zero());
     let (mv, rv) = (V::splat(m), V::splat(r));
-    let (mut s1, mut s2) = (V::splat(zero), V::splat(zero));
-    let (xc, xt) = x.as_chunks::<LANES>();
-    let (dc, dt) = dy.as_chunks::<LANES>();
-    let (gc, gt) = gamma.as_chunks::<LANES>();
-    if P {
-        let pgc = pg.as_chunks_mut::<LANES>().0;
-        let pbc = pb.as_chunks_mut::<LANES>().0;
-        let body = xc.iter().zip(dc).zip(gc).zip(pgc.iter_mut().zip(pbc));
-        for (((xv, dv), gv), (pgv, pbv)) in body {
-            let xh = V::load(xv).sub(mv).mul(rv);
-            let dyv = V::load(dv);
-            let g = dyv.mul(V::load_acc(gv));
-            if DX {
-                s1 = s1.add(g);
-                s2 = s2.add(g.mul(xh));
+    let (mut s1, mut s2) = ([zero; UNROLL], [zero; UNROLL]);
+    let n = x.len().min(dy.len()).min(gamma.len());
+    let n = if P { n.min(pg.len()).min(pb.len()) } else { n };
+    each_chunk(
+        n,
+        #[inline(always)]
+        |j, i| {
+            prefetch(x, i);
+            prefetch(dy, i);
+            // SAFETY: `each_chunk` passes `i + LANES <= n`, and every slice
+            // read or written here is at least `n` long.
+            unsafe {
+                let xh = V::load_at(x, i).sub(mv).mul(rv);
+                let dyv = V::load_at(dy, i);
+                let g = dyv.mul(V::load_acc_at(gamma, i));
+                if DX {
+                    s1[j] = s1[j].add(g);
+                    s2[j] = s2[j].add(g.mul(xh));
+                }
+                if P {
+                    V::load_acc_at(pg, i).add(dyv.mul(xh)).store_acc_at(pg, i);
+                    V::load_acc_at(pb, i).add(dyv).store_acc_at(pb, i);
+                }
             }
-            V::load_acc(pgv).add(dyv.mul(xh)).store_acc(pgv);
-            V::load_acc(pbv).add(dyv).store_acc(pbv);
-        }
-    } else if DX {
-        for ((xv, dv), gv) in xc.iter().zip(dc).zip(gc) {
-            let xh = V::load(xv).sub(mv).mul(rv);
-            let g = V::load(dv).mul(V::load_acc(gv));
-            s1 = s1.add(g);
-            s2 = s2.add(g.mul(xh));
-        }
-    }
-    let (mut a1, mut a2) = (s1.lanes(), s2.lanes());
-    let pgt = pg.as_chunks_mut::<LANES>().1;
-    let pbt = pb.as_chunks_mut::<LANES>().1;
+        },
+    );
+    let t = n / LANES * LANES;
+    let (xt, dt, gt) = (&x[t..n], &dy[t..n], &gamma[t..n]);
+    let (pgt, pbt) = if P {
+        (&mut pg[t..n], &mut pb[t..n])
+    } else {
+        (&mut [][..], &mut [][..])
+    };
+    let (mut a1, mut a2) = (fold_all(s1), fold_all(s2));
     let tail = xt.iter().zip(dt).zip(gt).enumerate();
     for (k, ((xv, dv), gv)) in tail {
         let xh = (xv.to_acc() - m) * r;
         let dyv = dv.to_acc();
         let g = dyv * *gv;
         if DX {
-            a1[0] += g;
-            a2[0] += g * xh;
+            a1 += g;
+            a2 += g * xh;
         }
         if P {
             if let (Some(pgv), Some(pbv)) = (pgt.get_mut(k), pbt.get_mut(k)) {
@@ -366,7 +381,7 @@ fn bwd_sums<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
             }
         }
     }
-    (fold(a1), fold(a2))
+    (a1, a2)
 }
 
 /// One backward task: a group of consecutive rows, their `dx` (empty unless

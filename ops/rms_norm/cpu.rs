@@ -6,11 +6,12 @@
 //! thread count and instruction set. Sums run in 8 lanes, in `T::Acc`.
 
 use crate::device::cpu::{
-    dispatch, fence, rows_per_chunk, should_stream, write_row, Kernel, Lanes,
+    dispatch, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream, write_row,
+    Kernel, Lanes, UNROLL,
 };
 use crate::dtype::Element;
 use crate::ops::layer_norm::cpu::{
-    at, count, fold, head, reduce_partials, rows_per_group, wide, widen, LANES,
+    at, count, head, reduce_partials, rows_per_group, wide, widen, LANES,
 };
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
@@ -21,14 +22,19 @@ type Acc<T> = <T as Element>::Acc;
 /// `sum(x^2)` over a row.
 #[inline(always)]
 fn row_sq<T: Element, V: Lanes<T>>(x: &[T]) -> Acc<T> {
-    let (chunks, rest) = x.as_chunks::<LANES>();
-    let mut acc = V::splat(Acc::<T>::zero());
-    for c in chunks {
-        let v = V::load(c);
-        acc = acc.add(v.mul(v));
-    }
-    let mut s = fold(acc.lanes());
-    for v in rest {
+    let mut acc = [V::splat(Acc::<T>::zero()); UNROLL];
+    each_chunk(
+        x.len(),
+        #[inline(always)]
+        |j, i| {
+            prefetch(x, i);
+            // SAFETY: `each_chunk` passes `i + LANES <= x.len()`.
+            let v = unsafe { V::load_at(x, i) };
+            acc[j] = acc[j].add(v.mul(v));
+        },
+    );
+    let mut s = fold_all(acc);
+    for v in x.as_chunks::<LANES>().1 {
         let v = v.to_acc();
         s += v * v;
     }
@@ -146,7 +152,8 @@ pub(crate) fn forward<T: Element>(
 
 /// Pass A of one backward row: `xhat = x * r`, returns the sum of
 /// `dy * gamma * xhat` (if `DX`) and adds the partial `pg += dy * xhat`
-/// (if `P`). Elements past the last group of 8 go into lane 0.
+/// (if `P`). Elements past the last whole group of lanes are added, in
+/// order, after the fold.
 #[inline(always)]
 fn bwd_sum<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
     x: &[T],
@@ -156,33 +163,38 @@ fn bwd_sum<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
     pg: &mut [Acc<T>],
 ) -> Acc<T> {
     let rv = V::splat(r);
-    let mut s = V::splat(Acc::<T>::zero());
-    let (xc, xt) = x.as_chunks::<LANES>();
-    let (dc, dt) = dy.as_chunks::<LANES>();
-    let (gc, gt) = gamma.as_chunks::<LANES>();
-    if P {
-        let (pc, _) = pg.as_chunks_mut::<LANES>();
-        for (((xv, dv), gv), pv) in xc.iter().zip(dc).zip(gc).zip(pc) {
-            let xh = V::load(xv).mul(rv);
-            let dyv = V::load(dv);
-            if DX {
-                s = s.add(dyv.mul(V::load_acc(gv)).mul(xh));
+    let mut s = [V::splat(Acc::<T>::zero()); UNROLL];
+    let n = x.len().min(dy.len()).min(gamma.len());
+    let n = if P { n.min(pg.len()) } else { n };
+    each_chunk(
+        n,
+        #[inline(always)]
+        |j, i| {
+            prefetch(x, i);
+            prefetch(dy, i);
+            // SAFETY: `each_chunk` passes `i + LANES <= n`, and every slice
+            // read or written here is at least `n` long.
+            unsafe {
+                let xh = V::load_at(x, i).mul(rv);
+                let dyv = V::load_at(dy, i);
+                if DX {
+                    s[j] = s[j].add(dyv.mul(V::load_acc_at(gamma, i)).mul(xh));
+                }
+                if P {
+                    V::load_acc_at(pg, i).add(dyv.mul(xh)).store_acc_at(pg, i);
+                }
             }
-            V::load_acc(pv).add(dyv.mul(xh)).store_acc(pv);
-        }
-    } else if DX {
-        for ((xv, dv), gv) in xc.iter().zip(dc).zip(gc) {
-            let xh = V::load(xv).mul(rv);
-            s = s.add(V::load(dv).mul(V::load_acc(gv)).mul(xh));
-        }
-    }
-    let mut a = s.lanes();
-    let pt = pg.as_chunks_mut::<LANES>().1;
+        },
+    );
+    let t = n / LANES * LANES;
+    let (xt, dt, gt) = (&x[t..n], &dy[t..n], &gamma[t..n]);
+    let pt = if P { &mut pg[t..n] } else { &mut [][..] };
+    let mut a = fold_all(s);
     for (k, ((xv, dv), gv)) in xt.iter().zip(dt).zip(gt).enumerate() {
         let xh = xv.to_acc() * r;
         let dyv = dv.to_acc();
         if DX {
-            a[0] += dyv * *gv * xh;
+            a += dyv * *gv * xh;
         }
         if P {
             if let Some(pv) = pt.get_mut(k) {
@@ -190,7 +202,7 @@ fn bwd_sum<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
             }
         }
     }
-    fold(a)
+    a
 }
 
 /// One backward task: a group of rows, their `dx` (empty unless `DX`) and,

@@ -3,9 +3,10 @@
 //! Chunk sizes depend only on the problem shape, never on the number of
 //! threads, so reductions over chunks are bitwise reproducible.
 //!
-//! Row kernels compute in [`Lanes`]: [`LANES`] accumulators, lane `l`
-//! holding the elements at positions `l mod LANES`, each step one IEEE
-//! operation per lane, folded in a fixed pairwise order at the end. The
+//! Row kernels compute in [`Lanes`] of [`LANES`] values, each step one IEEE
+//! operation per lane. A row sum runs in [`UNROLL`] such accumulators
+//! (chunk `k` of the row into accumulator `k % UNROLL`), which are added
+//! lane-wise and then folded in a fixed pairwise order ([`fold_all`]). The
 //! kernel code is written once, generically over the lane type, and
 //! [`dispatch`] runs it with the best build this CPU has for f32: one
 //! AVX-512 register, two AVX2 registers, or plain Rust (which the baseline
@@ -32,6 +33,46 @@ pub fn rows_per_chunk(d: usize) -> usize {
 /// Accumulator lanes per row sum (64 bytes of f32: one AVX-512 register,
 /// one cache line).
 pub const LANES: usize = 16;
+
+/// Independent accumulators per row sum. Chunk `k` of a row (the elements
+/// `k * LANES ..`) goes to accumulator `k % UNROLL`, so the adds of a long
+/// row form `UNROLL` dependency chains rather than one; the accumulators
+/// are combined lane-wise, `(a0 + a1) + (a2 + a3)`, before the fold.
+pub const UNROLL: usize = 4;
+
+/// Calls `f(j, i)` for each whole chunk of a row of `n` elements, in row
+/// order: `i = k * LANES` (so `i + LANES <= n`) and `j = k % UNROLL`, with
+/// `j` a constant at every call site, so accumulators indexed by it stay in
+/// registers.
+#[inline(always)]
+pub(crate) fn each_chunk(n: usize, mut f: impl FnMut(usize, usize)) {
+    let nc = n / LANES;
+    let mut k = 0;
+    while k + UNROLL <= nc {
+        f(0, k * LANES);
+        f(1, (k + 1) * LANES);
+        f(2, (k + 2) * LANES);
+        f(3, (k + 3) * LANES);
+        k += UNROLL;
+    }
+    let r = nc - k;
+    if r > 0 {
+        f(0, k * LANES);
+    }
+    if r > 1 {
+        f(1, (k + 1) * LANES);
+    }
+    if r > 2 {
+        f(2, (k + 2) * LANES);
+    }
+}
+
+/// Sums [`UNROLL`] accumulators: lane-wise `(a0 + a1) + (a2 + a3)`, then
+/// [`Lanes::fold`].
+#[inline(always)]
+pub(crate) fn fold_all<T: Element, V: Lanes<T>>(a: [V; UNROLL]) -> Acc<T> {
+    a[0].add(a[1]).add(a[2].add(a[3])).fold()
+}
 
 /// Default for [`stream_threshold`]: outputs of at least this many bytes
 /// are streamed past the cache.
@@ -141,6 +182,11 @@ pub(crate) trait Lanes<T: Element>: Copy {
     fn mul(self, o: Self) -> Self;
     /// The lanes as an array.
     fn lanes(self) -> [Acc<T>; LANES];
+    /// The lanes summed in [`fold`]'s order.
+    #[inline(always)]
+    fn fold(self) -> Acc<T> {
+        fold(self.lanes())
+    }
     /// Narrows and stores.
     fn store(self, d: &mut [T; LANES]);
     /// Stores accumulator values.
@@ -161,6 +207,16 @@ pub(crate) trait Lanes<T: Element>: Copy {
         // SAFETY: in bounds by the caller's contract; arrays of T have T's
         // alignment.
         Self::load(unsafe { &*(s.as_ptr().add(i) as *const [T; LANES]) })
+    }
+
+    /// Stores accumulator values to `s[i..i + LANES]`.
+    ///
+    /// # Safety
+    /// `i + LANES <= s.len()`.
+    #[inline(always)]
+    unsafe fn store_acc_at(self, s: &mut [Acc<T>], i: usize) {
+        // SAFETY: as for `load_at`.
+        self.store_acc(unsafe { &mut *(s.as_mut_ptr().add(i) as *mut [Acc<T>; LANES]) })
     }
 
     /// The accumulator values `s[i..i + LANES]`.
@@ -333,6 +389,25 @@ mod x86 {
         fn lanes(self) -> [Acc<T>; LANES] {
             self.f32s().map(|e| <Acc<T> as Accum>::of(e as f64))
         }
+        /// [`super::fold`]'s tree with in-register shuffles: adjacent
+        /// pairs, then pairs of pairs (`q(0)`, `q(4)` in one register,
+        /// `q(8)`, `q(12)` in the other), then the two halves.
+        #[inline(always)]
+        fn fold(self) -> Acc<T> {
+            #[inline(always)]
+            fn quads(v: __m256) -> __m256 {
+                unsafe {
+                    let v = _mm256_add_ps(v, _mm256_permute_ps::<0b10_11_00_01>(v));
+                    let v = _mm256_add_ps(v, _mm256_permute_ps::<0b01_00_11_10>(v));
+                    _mm256_add_ps(v, _mm256_permute2f128_ps::<1>(v, v))
+                }
+            }
+            let (a, b) = (quads(self.0), quads(self.1));
+            let s = unsafe {
+                _mm_cvtss_f32(_mm256_castps256_ps128(a)) + _mm_cvtss_f32(_mm256_castps256_ps128(b))
+            };
+            <Acc<T> as Accum>::of(s as f64)
+        }
         #[inline(always)]
         fn store(self, d: &mut [T; LANES]) {
             if is_f32::<T>() {
@@ -412,6 +487,21 @@ mod x86 {
         #[inline(always)]
         fn lanes(self) -> [Acc<T>; LANES] {
             self.f32s().map(|e| <Acc<T> as Accum>::of(e as f64))
+        }
+        /// [`super::fold`]'s tree with in-register shuffles: adjacent
+        /// pairs, pairs of pairs (`q(4k)` in lane `4k`), 128-bit blocks
+        /// 0+1 and 2+3, then the two 256-bit halves.
+        #[inline(always)]
+        fn fold(self) -> Acc<T> {
+            let s = unsafe {
+                let v = self.0;
+                let v = _mm512_add_ps(v, _mm512_permute_ps::<0b10_11_00_01>(v));
+                let v = _mm512_add_ps(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+                let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v));
+                let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v));
+                _mm512_cvtss_f32(v)
+            };
+            <Acc<T> as Accum>::of(s as f64)
         }
         #[inline(always)]
         fn store(self, d: &mut [T; LANES]) {
@@ -517,6 +607,30 @@ pub(crate) fn write_row<T: Element, V: Lanes<T>, const NT: bool>(
     }
 }
 
+/// How far ahead (in bytes) the first pass over a row prefetches. The
+/// hardware prefetcher stops at 4 KiB page boundaries; asking for the line
+/// a page ahead keeps a read stream going across them. Measured here on
+/// rows of 128 to 4096 f32: 0.59 to 0.72-0.81 of a memcpy's rate for a
+/// bare forward kernel.
+pub(crate) const PREFETCH_AHEAD: usize = 4096;
+
+/// Hints that `s[i..]`'s line [`PREFETCH_AHEAD`] bytes ahead will be read
+/// soon. The address may lie past the end of `s` (a prefetch never faults
+/// and the pointer is never dereferenced).
+#[inline(always)]
+pub(crate) fn prefetch<T>(s: &[T], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = (s.as_ptr() as *const i8)
+            .wrapping_add(i.wrapping_mul(std::mem::size_of::<T>()))
+            .wrapping_add(PREFETCH_AHEAD);
+        // SAFETY: prefetch has no preconditions (any address; no access).
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, i);
+}
+
 /// Orders this thread's non-temporal stores before anything it does next
 /// (such as signalling that its task is done).
 #[inline(always)]
@@ -606,6 +720,40 @@ mod tests {
         b[2] = 1.0;
         b[3] = 1.0;
         assert_eq!(fold(b), 16_777_218.0);
+    }
+
+    /// Folds `x` (16 values) in lanes `V`.
+    struct Fold<'a>(&'a [f32; LANES]);
+
+    impl Kernel<f32> for Fold<'_> {
+        type Output = f32;
+        #[inline(always)]
+        fn run<V: Lanes<f32>>(self) -> f32 {
+            V::load(self.0).fold()
+        }
+    }
+
+    #[test]
+    fn every_build_folds_in_the_same_order() {
+        // Values whose sum depends on the order of the additions.
+        let x: [f32; LANES] = std::array::from_fn(|i| {
+            let m = [1e8f32, 1.0, -3.5, 7e-3, 1.5e7, -1e8, 0.25, 3.0];
+            m[i % 8] * (1.0 + i as f32 * 0.37)
+        });
+        let want = fold(x);
+        assert_eq!(Fold(&x).run::<Portable<f32>>(), want);
+        for limit in [Simd::Avx512, Simd::Avx2, Simd::Portable] {
+            if limit <= best_simd() {
+                set_simd_limit(limit);
+                assert_eq!(dispatch(Fold(&x)).to_bits(), want.to_bits(), "{limit}");
+            }
+        }
+        set_simd_limit(Simd::Avx512);
+        let left_to_right = x.iter().fold(0.0f32, |a, &b| a + b);
+        assert_ne!(
+            want, left_to_right,
+            "the test values must depend on the order"
+        );
     }
 
     #[test]
