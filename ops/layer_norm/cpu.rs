@@ -570,3 +570,92 @@ pub(crate) fn backward<T: Element>(
         dbeta,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::{
+        best_simd, set_simd_limit, set_stream_threshold, stream_threshold, Simd,
+    };
+    use crate::ops::rms_norm::cpu as rms;
+    use crate::rng::Rng;
+
+    /// Every output of LayerNorm and RMSNorm, forward and backward, as bits.
+    fn outputs(x: &[f32], dy: &[f32], g: &[f32], b: &[f32], d: usize) -> Vec<Vec<u32>> {
+        let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<u32>>();
+        let f = forward(x, d, Some(g), Some(b), 1e-5);
+        let bw = backward(x, dy, d, Some(g), &f.mean, &f.rstd, true, true, true);
+        let (ry, rr) = rms::forward(x, d, Some(g), 1e-5);
+        let (rdx, rdg) = rms::backward(x, dy, d, Some(g), &rr, true, true);
+        let mut out = vec![
+            bits(&f.y),
+            bits(&f.mean),
+            bits(&f.rstd),
+            bits(&ry),
+            bits(&rr),
+        ];
+        for v in [bw.dx, bw.dgamma, bw.dbeta, rdx, rdg] {
+            out.push(bits(&v.unwrap_or_default()));
+        }
+        out
+    }
+
+    #[test]
+    fn every_build_and_store_kind_gives_the_same_bits() {
+        let mut rng = Rng::new(5);
+        // Row lengths around the lane and unroll boundaries, and rows that
+        // start at every alignment.
+        for (n, d) in [
+            (3usize, 1usize),
+            (5, 15),
+            (4, 16),
+            (7, 17),
+            (3, 63),
+            (2, 64),
+            (9, 100),
+            (6, 1000),
+            (3, 4099),
+        ] {
+            let v = |k: usize, rng: &mut Rng| -> Vec<f32> {
+                (0..k).map(|_| (rng.normal() * 3.0 + 1.0) as f32).collect()
+            };
+            let (x, dy, g, b) = (
+                v(n * d, &mut rng),
+                v(n * d, &mut rng),
+                v(d, &mut rng),
+                v(d, &mut rng),
+            );
+            set_simd_limit(Simd::Portable);
+            let want = outputs(&x, &dy, &g, &b, d);
+            for limit in [Simd::Avx2, Simd::Avx512] {
+                if limit <= best_simd() {
+                    set_simd_limit(limit);
+                    assert!(outputs(&x, &dy, &g, &b, d) == want, "{limit} n={n} d={d}");
+                }
+            }
+            let old = stream_threshold();
+            set_stream_threshold(0);
+            assert!(outputs(&x, &dy, &g, &b, d) == want, "streamed n={n} d={d}");
+            set_stream_threshold(old);
+            set_simd_limit(Simd::Avx512);
+        }
+    }
+
+    #[test]
+    fn groups_are_bounded_and_whole_chunks() {
+        for (n, d) in [
+            (1usize, 1usize),
+            (2048, 65536),
+            (32768, 128),
+            (512, 2048),
+            (1 << 20, 8),
+            (7, 100_000),
+        ] {
+            let rpg = rows_per_group(n, d);
+            assert_eq!(rpg % rows_per_chunk(d), 0, "n={n} d={d}");
+            let g = groups(n, d);
+            assert!((1..=MAX_GROUPS).contains(&g), "n={n} d={d}: {g} groups");
+            assert!(g == 1 || rpg >= MIN_GROUP_ROWS.min(n), "n={n} d={d}");
+        }
+    }
+}
