@@ -15,7 +15,7 @@ pub fn map<T: Element>(x: &Tensor<T>, f: impl Fn(Acc<T>) -> Acc<T>) -> Result<Te
         .iter()
         .map(|&a| T::from_acc(f(a.to_acc())))
         .collect();
-    Tensor::from_vec(x.shape().to_vec(), v)
+    Tensor::from_shape(x.shape(), v)
 }
 
 /// `f(a, b)` elementwise over two tensors of the same shape.
@@ -42,7 +42,7 @@ pub fn broadcast_zip<T: Element>(
             .zip(sb)
             .map(|(&x, &y)| T::from_acc(f(x.to_acc(), y.to_acc())))
             .collect();
-        return Tensor::from_vec(a.shape().to_vec(), v);
+        return Tensor::from_shape(a.shape(), v);
     }
     let out = broadcast_shapes(op, a.shape(), b.shape())?;
     // The output can be far larger than either input: allocate fallibly.

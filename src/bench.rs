@@ -1,5 +1,21 @@
 //! `fusegrad bench`: fused against composed LayerNorm and a plain copy, shape
 //! by shape, in one process and one run, so every figure is a same-run ratio.
+//!
+//! Per shape (f32, with gamma and beta): the median time of the fused
+//! forward and of the fused backward (through the tape, as a user calls
+//! them), the effective GB/s over the minimal bytes, and the rate of a plain
+//! parallel copy of the same bytes. The three are timed interleaved, rep by
+//! rep, so that a slow spell on a shared machine hits all of them alike.
+//! Then the composed twin's forward + backward, and the speed-up.
+//!
+//! Minimal bytes: the forward must read `x` and write `y` (8 bytes per
+//! element); the backward must read `x` and `dy` and write `dx` (12 bytes);
+//! add `gamma`/`beta` read by the forward, `gamma` read by the backward and
+//! `dgamma`/`dbeta` written (5 rows of `D`). The copy moves the same number
+//! of bytes: it copies a buffer of half the minimal bytes, so it reads one
+//! half and writes the other, and its footprint matches the fused pair's
+//! (a copy of only `N * D` elements would fit in a cache that `x`, `y`,
+//! `dy` and `dx` together do not).
 
 use crate::error::Result;
 use crate::rng::Rng;
@@ -26,19 +42,28 @@ pub const FWD_BYTES_PER_ELEM: usize = 8;
 /// ... and backward (read x and dy, write dx).
 pub const BWD_BYTES_PER_ELEM: usize = 12;
 
+/// Length of the op chain [`tape_overhead`] records in [`run`].
+pub const TAPE_CHAIN: usize = 1000;
+
 /// One shape's figures. Times are medians in seconds.
 #[derive(Debug, Clone)]
 pub struct Row {
+    /// Rows.
     pub n: usize,
+    /// Row length.
     pub d: usize,
+    /// Timed repetitions of each of forward, backward and copy.
+    pub reps: usize,
+    /// Fused forward, median seconds.
     pub fwd_s: f64,
+    /// Fused backward, median seconds.
     pub bwd_s: f64,
     /// Minimal bytes for forward + backward (per-element traffic plus the
     /// gamma/beta reads and dgamma/dbeta writes).
     pub min_bytes: f64,
     /// Effective GB/s of fwd+bwd over `min_bytes`.
     pub gbps: f64,
-    /// Same-run copy rate: read+write bytes over time, GB/s.
+    /// Same-run copy rate of `min_bytes` (read half, written half), GB/s.
     pub copy_gbps: f64,
     /// `gbps / copy_gbps`.
     pub copy_fraction: f64,
@@ -59,75 +84,112 @@ pub fn median_time(warm: usize, reps: usize, mut f: impl FnMut() -> Result<()>) 
         f()?;
         t.push(s.elapsed().as_secs_f64());
     }
+    Ok(median(&mut t))
+}
+
+fn median(t: &mut [f64]) -> f64 {
     t.sort_by(f64::total_cmp);
-    Ok(t[t.len() / 2])
+    t.get(t.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn time(f: impl FnOnce() -> Result<()>) -> Result<f64> {
+    let s = Instant::now();
+    f()?;
+    Ok(s.elapsed().as_secs_f64())
 }
 
 /// Repetitions so that one measurement takes about `budget_s` given one
 /// timed call of `probe_s`.
-fn reps_for(probe_s: f64, budget_s: f64) -> usize {
-    ((budget_s / probe_s.max(1e-9)) as usize).clamp(3, 200)
+fn reps_for(probe_s: f64, budget_s: f64, lo: usize, hi: usize) -> usize {
+    ((budget_s / probe_s.max(1e-9)) as usize).clamp(lo, hi)
 }
 
-/// Parallel copy of `src` into `dst`, chunked like the kernels.
-fn par_copy(dst: &mut [f32], src: &[f32]) {
-    const CHUNK: usize = 64 * 1024;
-    dst.par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| d.copy_from_slice(s));
+/// The copy baseline: `dst.copy_from_slice(src)` split across the rayon
+/// threads, one contiguous block per thread (glibc's memcpy then streams
+/// large blocks past the cache), or in 256 KiB blocks, whichever is faster
+/// in this rep. Returns the seconds of the faster.
+fn best_copy(dst: &mut [f32], src: &[f32]) -> f64 {
+    let per_thread = src.len().div_ceil(rayon::current_num_threads()).max(1);
+    let mut best = f64::INFINITY;
+    for chunk in [per_thread, 64 * 1024] {
+        let s = Instant::now();
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        best = best.min(s.elapsed().as_secs_f64());
+    }
+    best
 }
 
 fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.normal() as f32).collect()
 }
 
-/// Measures one shape. `composed` runs the composed twin too.
+/// Measures one shape: fused forward, backward and the copy interleaved,
+/// about `budget_s` seconds of them, then (if `composed`) the composed twin.
 pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row> {
     let numel = n.checked_mul(d).ok_or(Error::ShapeTooLarge {
         op: "bench",
         shape: vec![n, d],
     })?;
+    if numel == 0 {
+        return Err(Error::InvalidArgument {
+            op: "bench",
+            msg: format!("empty shape {n} x {d}"),
+        });
+    }
     let mut rng = Rng::new(42);
     let x = Tensor::from_vec(vec![n, d], random(&mut rng, numel))?;
     let dy = Tensor::from_vec(vec![n, d], random(&mut rng, numel))?;
     let gamma = Tensor::from_vec(vec![d], random(&mut rng, d))?;
     let beta = Tensor::from_vec(vec![d], random(&mut rng, d))?;
 
-    let tape = Tape::new();
-    let (xv, gv, bv) = (tape.var(x.clone()), tape.var(gamma.clone()), tape.var(beta.clone()));
-    let fwd = || ops::layer_norm(&xv, Some(&gv), Some(&bv), 1e-5);
-    let s = Instant::now();
+    // Each forward records on a fresh tape, as a training step would.
+    let fwd = || -> Result<Var<f32>> {
+        let tape = Tape::new();
+        let (xv, gv, bv) = (
+            tape.var(x.clone()),
+            tape.var(gamma.clone()),
+            tape.var(beta.clone()),
+        );
+        ops::layer_norm(&xv, Some(&gv), Some(&bv), 1e-5)
+    };
     let y = fwd()?;
-    let probe = s.elapsed().as_secs_f64();
-    let reps = reps_for(probe, budget_s);
-    // Forward on a fresh tape each time would measure tape growth too; the
-    // tape only grows by one node per call, which is negligible here.
-    let fwd_s = median_time(2, reps, || fwd().map(|_| ()))?;
-    let bwd_s = median_time(2, reps, || y.backward_with(&dy).map(|_| ()))?;
-
-    let src = x.as_slice()?;
-    let mut dst = vec![0.0f32; numel];
-    let copy_s = median_time(2, reps, || {
-        par_copy(&mut dst, src);
-        Ok(())
-    })?;
-    let copy_gbps = 2.0 * (numel * 4) as f64 / copy_s / 1e9;
-
+    let bwd = || y.backward_with(&dy).map(|_| ());
     let elems = numel as f64;
     let min_bytes = elems * (FWD_BYTES_PER_ELEM + BWD_BYTES_PER_ELEM) as f64 + (d * 4 * 5) as f64;
+    // The copy reads `copy_len` f32 and writes as many: `min_bytes` in all.
+    let copy_len = (min_bytes / 8.0).round() as usize;
+    let src = random(&mut rng, copy_len);
+    let mut dst = vec![0.0f32; copy_len];
+
+    // Warm-up: fill the buffer pool and the copy target, fault in pages.
+    let probe = time(|| fwd().map(|_| ()))? + time(bwd)?;
+    best_copy(&mut dst, &src);
+    let reps = reps_for(probe, budget_s, 5, 200);
+    let (mut tf, mut tb, mut tc) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        tf.push(time(|| fwd().map(|_| ()))?);
+        tb.push(time(bwd)?);
+        tc.push(best_copy(&mut dst, &src));
+    }
+    let (fwd_s, bwd_s, copy_s) = (median(&mut tf), median(&mut tb), median(&mut tc));
+    drop((dst, src));
+    let copy_gbps = (copy_len * 8) as f64 / copy_s / 1e9;
     let gbps = min_bytes / (fwd_s + bwd_s) / 1e9;
 
     let composed_s = if composed {
         let run = || -> Result<()> {
             let tape = Tape::new();
-            let v: Vec<Var<f32>> = [&x, &gamma, &beta].iter().map(|t| tape.var((*t).clone())).collect();
+            let v: Vec<Var<f32>> = [&x, &gamma, &beta]
+                .iter()
+                .map(|t| tape.var((*t).clone()))
+                .collect();
             let y = ops::layer_norm_composed(&v[0], Some(&v[1]), Some(&v[2]), 1e-5)?;
             y.backward_with(&dy).map(|_| ())
         };
-        let s = Instant::now();
-        run()?;
-        let probe = s.elapsed().as_secs_f64();
-        Some(median_time(0, reps_for(probe, budget_s).min(7), run)?)
+        let probe = time(run)?;
+        Some(median_time(0, reps_for(probe, budget_s, 1, 7), run)?)
     } else {
         None
     };
@@ -135,6 +197,7 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
     Ok(Row {
         n,
         d,
+        reps,
         fwd_s,
         bwd_s,
         min_bytes,
@@ -148,13 +211,13 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
 
 /// Table header for [`Row`]'s Display.
 pub const HEADER: &str =
-    "       N x D       fwd ms   bwd ms   GB/s  copy GB/s  of copy  composed ms  speed-up";
+    "      N x D        fwd ms   bwd ms    GB/s  copy GB/s  of copy  composed ms  speed-up";
 
 impl std::fmt::Display for Row {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:>7} x {:<6} {:>8.3} {:>8.3} {:>6.1} {:>10.1} {:>8.2}",
+            "{:>7} x {:<6} {:>8.3} {:>8.3} {:>7.1} {:>10.1} {:>8.2}",
             self.n,
             self.d,
             self.fwd_s * 1e3,
@@ -170,27 +233,39 @@ impl std::fmt::Display for Row {
     }
 }
 
+/// A finite number as JSON, `null` otherwise.
+fn num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:e}")
+    } else {
+        "null".into()
+    }
+}
+
 impl Row {
     /// The row as a JSON object.
     pub fn json(&self) -> String {
-        let opt = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:e}"));
+        let opt = |v: Option<f64>| v.map_or("null".to_string(), num);
         format!(
-            "{{\"n\":{},\"d\":{},\"fwd_s\":{:e},\"bwd_s\":{:e},\"min_bytes\":{:e},\"gbps\":{:.3},\"copy_gbps\":{:.3},\"copy_fraction\":{:.4},\"composed_s\":{},\"speedup\":{}}}",
+            "{{\"n\":{},\"d\":{},\"reps\":{},\"fwd_s\":{},\"bwd_s\":{},\"min_bytes\":{},\"gbps\":{},\"copy_gbps\":{},\"copy_fraction\":{},\"composed_s\":{},\"speedup\":{}}}",
             self.n,
             self.d,
-            self.fwd_s,
-            self.bwd_s,
-            self.min_bytes,
-            self.gbps,
-            self.copy_gbps,
-            self.copy_fraction,
+            self.reps,
+            num(self.fwd_s),
+            num(self.bwd_s),
+            num(self.min_bytes),
+            num(self.gbps),
+            num(self.copy_gbps),
+            num(self.copy_fraction),
             opt(self.composed_s),
             opt(self.speedup)
         )
     }
 }
 
-/// Time per op of recording and sweeping a chain of `len` tiny ops.
+/// Time per op of recording and sweeping a chain of `len` tiny ops
+/// (`[4]`-element tensors, alternating `scalar_mul` and `add`): the median
+/// over `reps` chains of (record + backward) / `len`, in seconds.
 pub fn tape_overhead(len: usize, reps: usize) -> Result<f64> {
     let x0 = Tensor::from_vec(vec![4], vec![0.5f32, -0.25, 1.0, 2.0])?;
     let seed = Tensor::from_vec(vec![4], vec![1.0f32, -1.0, 0.5, 0.25])?;
@@ -207,5 +282,113 @@ pub fn tape_overhead(len: usize, reps: usize) -> Result<f64> {
         }
         v.backward_with(&seed).map(|_| ())
     })?;
-    Ok(t / len as f64)
+    Ok(t / len.max(1) as f64)
+}
+
+/// The whole benchmark: one [`Row`] per shape and the tape overhead.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Rayon threads the kernels ran on.
+    pub threads: usize,
+    /// The instruction set the f32 kernels ran with.
+    pub simd: crate::device::cpu::Simd,
+    /// Outputs of at least this many bytes were written with streaming stores.
+    pub stream_bytes: usize,
+    /// One row per shape, in the order asked for.
+    pub rows: Vec<Row>,
+    /// Length of the tape chain.
+    pub tape_len: usize,
+    /// Seconds per recorded op, forward plus backward.
+    pub tape_s_per_op: f64,
+}
+
+/// Runs [`measure`] on every shape (about `budget_s` seconds of fused
+/// timing each; `composed` adds the composed twin) and [`tape_overhead`]
+/// on a [`TAPE_CHAIN`]-op chain.
+pub fn run(shapes: &[(usize, usize)], budget_s: f64, composed: bool) -> Result<Report> {
+    let rows = shapes
+        .iter()
+        .map(|&(n, d)| measure(n, d, budget_s, composed))
+        .collect::<Result<Vec<_>>>()?;
+    let tape_s_per_op = tape_overhead(TAPE_CHAIN, 51)?;
+    Ok(Report {
+        threads: rayon::current_num_threads(),
+        simd: crate::device::cpu::simd(),
+        stream_bytes: crate::device::cpu::stream_threshold(),
+        rows,
+        tape_len: TAPE_CHAIN,
+        tape_s_per_op,
+    })
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "fused LayerNorm f32 fwd+bwd vs a plain copy and the composed twin \
+             ({} threads, {})",
+            self.threads, self.simd
+        )?;
+        writeln!(f, "{HEADER}")?;
+        for r in &self.rows {
+            writeln!(f, "{r}")?;
+        }
+        write!(
+            f,
+            "tape overhead: {:.0} ns per op, record + backward ({}-op chain of [4] tensors)",
+            self.tape_s_per_op * 1e9,
+            self.tape_len
+        )
+    }
+}
+
+impl Report {
+    /// The report as one JSON object.
+    pub fn json(&self) -> String {
+        let rows: Vec<String> = self.rows.iter().map(Row::json).collect();
+        format!(
+            "{{\"threads\":{},\"simd\":\"{}\",\"stream_bytes\":{},\"shapes\":[{}],\"tape\":{{\"len\":{},\"s_per_op\":{}}}}}",
+            self.threads,
+            self.simd,
+            self.stream_bytes,
+            rows.join(","),
+            self.tape_len,
+            num(self.tape_s_per_op)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_run_reports_consistent_figures() {
+        let r = run(&[(64, 256), (3, 100)], 0.01, true).unwrap();
+        assert_eq!(r.rows.len(), 2);
+        for row in &r.rows {
+            assert!(row.reps >= 5);
+            assert!(row.fwd_s > 0.0 && row.bwd_s > 0.0 && row.copy_gbps > 0.0);
+            let want = (row.n * row.d * 20 + row.d * 20) as f64;
+            assert_eq!(row.min_bytes, want);
+            let gbps = want / (row.fwd_s + row.bwd_s) / 1e9;
+            assert!((row.gbps - gbps).abs() <= 1e-9 * gbps);
+            assert!((row.copy_fraction - row.gbps / row.copy_gbps).abs() < 1e-12);
+            assert!(row.speedup.unwrap() > 0.0);
+        }
+        assert!(r.tape_s_per_op > 0.0 && r.tape_len == TAPE_CHAIN);
+        let j = r.json();
+        assert!(j.starts_with('{') && j.ends_with('}'), "{j}");
+        assert_eq!(j.matches("\"n\":").count(), 2, "{j}");
+        assert!(!j.contains("NaN") && !j.contains("inf"), "{j}");
+        let t = r.to_string();
+        assert_eq!(t.lines().count(), 2 + 2 + 1, "{t}");
+        assert!(t.contains("tape overhead"), "{t}");
+    }
+
+    #[test]
+    fn empty_or_huge_shapes_are_errors() {
+        assert!(measure(0, 8, 0.01, false).is_err());
+        assert!(measure(usize::MAX, 2, 0.01, false).is_err());
+    }
 }

@@ -20,7 +20,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
 use crate::shape::sum_to_shape;
-use crate::tensor::Tensor;
+use crate::tensor::{Dims, Tensor};
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::rc::Rc;
@@ -55,13 +55,13 @@ enum Kind<T: Element> {
     Leaf(Option<Tensor<T>>),
     Op {
         bw: Box<dyn Backward<T>>,
-        inputs: Vec<usize>,
+        inputs: Dims,
     },
 }
 
 struct Node<T: Element> {
     requires_grad: bool,
-    shape: Vec<usize>,
+    shape: Dims,
     kind: Kind<T>,
 }
 
@@ -150,13 +150,13 @@ impl<T: Element> Tape<T> {
             .map(|(id, n)| {
                 let (op, inputs) = match &n.kind {
                     Kind::Leaf(_) => ("leaf", Vec::new()),
-                    Kind::Op { bw, inputs } => (bw.name(), inputs.clone()),
+                    Kind::Op { bw, inputs } => (bw.name(), inputs.to_vec()),
                 };
                 NodeInfo {
                     id,
                     op,
                     inputs,
-                    shape: n.shape.clone(),
+                    shape: n.shape.to_vec(),
                     requires_grad: n.requires_grad,
                 }
             })
@@ -179,7 +179,7 @@ impl<T: Element> Tape<T> {
     fn leaf(&self, value: Tensor<T>, requires_grad: bool, keep: bool) -> Var<T> {
         let id = self.push(Node {
             requires_grad,
-            shape: value.shape().to_vec(),
+            shape: Dims::from_slice(value.shape()),
             kind: Kind::Leaf(keep.then(|| value.clone())),
         });
         Var {
@@ -281,8 +281,19 @@ impl<T: Element> Tape<T> {
         if requires_grad && !op.differentiable() {
             return Err(Error::NoBackward { op: name });
         }
-        let tensors: Vec<&Tensor<T>> = inputs.iter().map(|v| &v.value).collect();
-        let (value, state) = op.forward(&tensors)?;
+        // The input tensors, on the stack for the usual one to four inputs.
+        let mut few = [&first.value; Dims::INLINE];
+        let many: Vec<&Tensor<T>>;
+        let tensors: &[&Tensor<T>] = if inputs.len() <= Dims::INLINE {
+            for (t, v) in few.iter_mut().zip(inputs) {
+                *t = &v.value;
+            }
+            &few[..inputs.len()]
+        } else {
+            many = inputs.iter().map(|v| &v.value).collect();
+            &many
+        };
+        let (value, state) = op.forward(tensors)?;
         let tape = first.tape.clone();
         let kind = if requires_grad {
             Kind::Op {
@@ -291,14 +302,14 @@ impl<T: Element> Tape<T> {
                     state,
                     _t: std::marker::PhantomData,
                 }),
-                inputs: inputs.iter().map(|v| v.id).collect(),
+                inputs: Dims::collect(inputs.iter().map(|v| v.id)),
             }
         } else {
             Kind::Leaf(None)
         };
         let id = tape.push(Node {
             requires_grad,
-            shape: value.shape().to_vec(),
+            shape: Dims::from_slice(value.shape()),
             kind,
         });
         Ok(Var {
@@ -360,12 +371,12 @@ impl<T: Element> Tape<T> {
 
 /// `acc + g`, in place when `acc`'s storage is not shared.
 fn accumulate<T: Element>(acc: Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
-    let shape = acc.shape().to_vec();
+    let shape = Dims::from_slice(acc.shape());
     let mut a = acc.into_vec();
     for (x, y) in a.iter_mut().zip(g.as_slice()?) {
         *x = T::from_acc(x.to_acc() + y.to_acc());
     }
-    Tensor::from_vec(shape, a)
+    Tensor::from_shape(&shape, a)
 }
 
 impl<T: Element> Var<T> {

@@ -9,10 +9,79 @@ use crate::shape::{alloc_filled, checked_numel};
 use ndarray::{ArrayD, IxDyn};
 use std::sync::Arc;
 
+/// A short list of `usize` (a shape, a node's inputs) kept inline up to
+/// [`Dims::INLINE`] entries, so that small tensors and tape nodes cost no
+/// allocation for it.
+#[derive(Clone)]
+pub(crate) enum Dims {
+    Inline(u8, [usize; Dims::INLINE]),
+    Heap(Vec<usize>),
+}
+
+impl Dims {
+    /// Entries kept without allocating.
+    pub(crate) const INLINE: usize = 4;
+
+    /// A copy of `s`.
+    #[inline]
+    pub(crate) fn from_slice(s: &[usize]) -> Self {
+        if s.len() <= Self::INLINE {
+            let mut a = [0; Self::INLINE];
+            a[..s.len()].copy_from_slice(s);
+            Dims::Inline(s.len() as u8, a)
+        } else {
+            Dims::Heap(s.to_vec())
+        }
+    }
+
+    /// `v`, moved to inline storage when short.
+    #[inline]
+    pub(crate) fn from_vec(v: Vec<usize>) -> Self {
+        if v.len() <= Self::INLINE {
+            Self::from_slice(&v)
+        } else {
+            Dims::Heap(v)
+        }
+    }
+
+    /// The entries of an iterator.
+    #[inline]
+    pub(crate) fn collect(it: impl ExactSizeIterator<Item = usize>) -> Self {
+        if it.len() <= Self::INLINE {
+            let mut a = [0; Self::INLINE];
+            let mut n = 0;
+            for (d, v) in a.iter_mut().zip(it) {
+                *d = v;
+                n += 1;
+            }
+            Dims::Inline(n as u8, a)
+        } else {
+            Dims::Heap(it.collect())
+        }
+    }
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [usize];
+    #[inline]
+    fn deref(&self) -> &[usize] {
+        match self {
+            Dims::Inline(n, a) => &a[..(*n as usize).min(Self::INLINE)],
+            Dims::Heap(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Debug for Dims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
 /// An n-dimensional array on a device. It knows nothing of autodiff.
 #[derive(Clone)]
 pub struct Tensor<T: Element> {
-    shape: Vec<usize>,
+    shape: Dims,
     data: Arc<Buffer<T>>,
     device: Device,
 }
@@ -35,7 +104,25 @@ impl<T: Element> Tensor<T> {
             });
         }
         Ok(Tensor {
-            shape,
+            shape: Dims::from_vec(shape),
+            data: Arc::new(Buffer(data)),
+            device: Device::Cpu,
+        })
+    }
+
+    /// [`Tensor::from_vec`] with a borrowed shape (no allocation for short
+    /// shapes).
+    pub(crate) fn from_shape(shape: &[usize], data: Vec<T>) -> Result<Self> {
+        let n = checked_numel("Tensor::from_vec", shape, std::mem::size_of::<T>())?;
+        if n != data.len() {
+            return Err(Error::ElementCount {
+                op: "Tensor::from_vec",
+                shape: shape.to_vec(),
+                len: data.len(),
+            });
+        }
+        Ok(Tensor {
+            shape: Dims::from_slice(shape),
             data: Arc::new(Buffer(data)),
             device: Device::Cpu,
         })
@@ -43,7 +130,7 @@ impl<T: Element> Tensor<T> {
 
     /// Builds a CPU tensor from any ndarray array (copied into row-major order).
     pub fn from_array<D: ndarray::Dimension>(a: ndarray::Array<T, D>) -> Self {
-        let shape = a.shape().to_vec();
+        let shape = Dims::from_slice(a.shape());
         let data = match a.as_slice() {
             Some(s) => s.to_vec(),
             None => a.iter().copied().collect(),
@@ -58,7 +145,7 @@ impl<T: Element> Tensor<T> {
     /// A tensor of one value.
     pub fn scalar(v: T) -> Self {
         Tensor {
-            shape: vec![],
+            shape: Dims::from_slice(&[]),
             data: Arc::new(Buffer(vec![v])),
             device: Device::Cpu,
         }
@@ -74,7 +161,7 @@ impl<T: Element> Tensor<T> {
     /// A tensor filled with `v`. `ShapeTooLarge` if the element or byte
     /// count overflows, `OutOfMemory` if the allocator refuses the buffer.
     pub fn full(shape: &[usize], v: T) -> Result<Self> {
-        Self::from_vec(shape.to_vec(), alloc_filled("Tensor::full", shape, v)?)
+        Self::from_shape(shape, alloc_filled("Tensor::full", shape, v)?)
     }
 
     /// A tensor of zeros.
@@ -138,12 +225,12 @@ impl<T: Element> Tensor<T> {
         if n != self.numel() {
             return Err(Error::ShapeMismatch {
                 op: "reshape",
-                lhs: self.shape.clone(),
+                lhs: self.shape.to_vec(),
                 rhs: shape.to_vec(),
             });
         }
         Ok(Tensor {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             data: self.data.clone(),
             device: self.device,
         })
@@ -152,8 +239,8 @@ impl<T: Element> Tensor<T> {
     /// Converts every element to another element type.
     pub fn cast<U: Element>(&self) -> Result<Tensor<U>> {
         let s = self.as_slice()?;
-        Tensor::from_vec(
-            self.shape.clone(),
+        Tensor::from_shape(
+            &self.shape,
             s.iter().map(|v| U::from_f64(v.to_f64())).collect(),
         )
     }

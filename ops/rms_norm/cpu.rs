@@ -1,12 +1,18 @@
-//! CPU kernels for the fused RMSNorm. Same work split as LayerNorm's (see
-//! `ops/layer_norm/cpu.rs`): forward tasks are chunks of
-//! `rows_per_chunk(d)` rows, backward tasks are groups of chunks with one
-//! dgamma partial row each, summed in group order, so results are bitwise
-//! identical for any thread count. Sums run in 8 lanes, in `T::Acc`.
+//! CPU kernels for the fused RMSNorm. Same work split, lanes, dispatch,
+//! buffer pool and streaming stores as LayerNorm's (see
+//! `ops/layer_norm/cpu.rs`): forward tasks are chunks of `rows_per_chunk(d)`
+//! rows, backward tasks are groups of chunks with one dgamma partial row
+//! each, summed in group order, so results are bitwise identical for any
+//! thread count and instruction set. Sums run in 8 lanes, in `T::Acc`.
 
-use crate::device::cpu::rows_per_chunk;
+use crate::device::cpu::{
+    dispatch, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream, write_row,
+    Kernel, Lanes, UNROLL,
+};
 use crate::dtype::Element;
-use crate::ops::layer_norm::cpu::{count, fold, reduce_partials, rows_per_group, widen, LANES};
+use crate::ops::layer_norm::cpu::{
+    at, count, head, reduce_partials, rows_per_group, wide, widen, LANES,
+};
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
@@ -15,26 +21,86 @@ type Acc<T> = <T as Element>::Acc;
 
 /// `sum(x^2)` over a row.
 #[inline(always)]
-fn row_sq<T: Element>(x: &[T]) -> Acc<T> {
-    let (chunks, rest) = x.as_chunks::<LANES>();
-    let mut acc = [Acc::<T>::zero(); LANES];
-    for c in chunks {
-        for l in 0..LANES {
-            let v = c[l].to_acc();
-            acc[l] += v * v;
-        }
-    }
-    let mut s = fold(acc);
-    for v in rest {
+fn row_sq<T: Element, V: Lanes<T>>(x: &[T]) -> Acc<T> {
+    let mut acc = [V::splat(Acc::<T>::zero()); UNROLL];
+    each_chunk(
+        x.len(),
+        #[inline(always)]
+        |j, i| {
+            prefetch(x, i);
+            // SAFETY: `each_chunk` passes `i + LANES <= x.len()`.
+            let v = unsafe { V::load_at(x, i) };
+            acc[j] = acc[j].add(v.mul(v));
+        },
+    );
+    let mut s = fold_all(acc);
+    for v in x.as_chunks::<LANES>().1 {
         let v = v.to_acc();
         s += v * v;
     }
     s
 }
 
-/// Forward over whole rows: `rstd = 1/sqrt(sum(x^2)/d + eps)`,
-/// `y = x * rstd * gamma`. `G` says whether gamma is present.
-fn fwd_rows<T: Element, const G: bool>(
+/// One forward task over whole rows; `G` says whether gamma is present,
+/// `NT` streams `y` past the cache.
+struct Fwd<'a, T: Element, const G: bool, const NT: bool> {
+    x: &'a [T],
+    y: &'a mut [T],
+    rstd: &'a mut [Acc<T>],
+    gamma: &'a [Acc<T>],
+    d: usize,
+    eps: Acc<T>,
+}
+
+impl<T: Element, const G: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, NT> {
+    type Output = ();
+
+    /// Per row: `rstd = 1/sqrt(sum(x^2)/d + eps)`, `y = x * rstd * gamma`.
+    #[inline(always)]
+    fn run<V: Lanes<T>>(self) {
+        let Fwd {
+            x,
+            y,
+            rstd,
+            gamma,
+            d,
+            eps,
+        } = self;
+        let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
+        for ((xr, yr), r_out) in rows.zip(rstd.iter_mut()) {
+            let ms = row_sq::<T, V>(xr) / count(d);
+            let r = Acc::<T>::one() / (ms + eps).sqrt();
+            *r_out = r;
+            let n = d.min(if G { gamma.len() } else { d });
+            let (xr, yr, g) = (head(xr, n), &mut yr[..n], head(gamma, n));
+            let rv = V::splat(r);
+            if G {
+                write_row::<T, V, NT>(
+                    yr,
+                    // SAFETY: `write_row` passes `i + LANES <= n`; `xr` and
+                    // `g` have length `n`.
+                    #[inline(always)]
+                    |i| unsafe { V::load_at(xr, i).mul(rv).mul(V::load_acc_at(g, i)) },
+                    #[inline(always)]
+                    |i| wide(xr, i) * r * at(g, i),
+                );
+            } else {
+                write_row::<T, V, NT>(
+                    yr,
+                    // SAFETY: as above.
+                    #[inline(always)]
+                    |i| unsafe { V::load_at(xr, i) }.mul(rv),
+                    #[inline(always)]
+                    |i| wide(xr, i) * r,
+                );
+            }
+        }
+        fence::<NT>();
+    }
+}
+
+/// Runs the forward tasks, one per chunk of rows.
+fn fwd_launch<T: Element, const G: bool, const NT: bool>(
     x: &[T],
     y: &mut [T],
     rstd: &mut [Acc<T>],
@@ -42,20 +108,24 @@ fn fwd_rows<T: Element, const G: bool>(
     d: usize,
     eps: Acc<T>,
 ) {
-    let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
-    for ((xr, yr), r_out) in rows.zip(rstd.iter_mut()) {
-        let ms = row_sq(xr) / count(d);
-        let r = Acc::<T>::one() / (ms + eps).sqrt();
-        *r_out = r;
-        if G {
-            for ((xv, yv), gv) in xr.iter().zip(yr.iter_mut()).zip(gamma) {
-                *yv = T::from_acc(xv.to_acc() * r * *gv);
-            }
-        } else {
-            for (xv, yv) in xr.iter().zip(yr.iter_mut()) {
-                *yv = T::from_acc(xv.to_acc() * r);
-            }
-        }
+    let task = |x, y, rstd| {
+        dispatch(Fwd::<T, G, NT> {
+            x,
+            y,
+            rstd,
+            gamma,
+            d,
+            eps,
+        })
+    };
+    let rpc = rows_per_chunk(d);
+    if rstd.len() <= rpc {
+        task(x, y, rstd);
+    } else {
+        x.par_chunks(rpc * d)
+            .zip(y.par_chunks_mut(rpc * d))
+            .zip(rstd.par_chunks_mut(rpc))
+            .for_each(|((xc, yc), rc)| task(xc, yc, rc));
     }
 }
 
@@ -70,101 +140,168 @@ pub(crate) fn forward<T: Element>(
     let g = widen(gamma);
     let mut y = Tensor::<T>::scratch(n * d);
     let mut rstd = vec![Acc::<T>::zero(); n];
-    let run = if gamma.is_some() {
-        fwd_rows::<T, true>
-    } else {
-        fwd_rows::<T, false>
+    let run = match (gamma.is_some(), should_stream::<T>(n * d)) {
+        (true, false) => fwd_launch::<T, true, false>,
+        (false, false) => fwd_launch::<T, false, false>,
+        (true, true) => fwd_launch::<T, true, true>,
+        (false, true) => fwd_launch::<T, false, true>,
     };
-    let rpc = rows_per_chunk(d);
-    if n <= rpc {
-        run(x, &mut y, &mut rstd, &g, d, eps);
-    } else {
-        x.par_chunks(rpc * d)
-            .zip(y.par_chunks_mut(rpc * d))
-            .zip(rstd.par_chunks_mut(rpc))
-            .for_each(|((xc, yc), rc)| run(xc, yc, rc, &g, d, eps));
-    }
+    run(&x[..n * d], &mut y, &mut rstd, &g, d, eps);
     (y, rstd)
 }
 
-/// One backward row. Pass A: `xhat = x * r`, `g = dy * gamma`, lane sums of
-/// `g * xhat` and (if `P`) the partial `pg += dy * xhat`. Pass B (if `DX`):
-/// `dx = r * (g - xhat * mean(g * xhat))`.
+/// Pass A of one backward row: `xhat = x * r`, returns the sum of
+/// `dy * gamma * xhat` (if `DX`) and adds the partial `pg += dy * xhat`
+/// (if `P`). Elements past the last whole group of lanes are added, in
+/// order, after the fold.
 #[inline(always)]
-fn bwd_row<T: Element, const DX: bool, const P: bool>(
+fn bwd_sum<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
     x: &[T],
     dy: &[T],
     gamma: &[Acc<T>],
     r: Acc<T>,
-    dx: &mut [T],
     pg: &mut [Acc<T>],
-) {
-    let mut s = [Acc::<T>::zero(); LANES];
-    let (xc, xt) = x.as_chunks::<LANES>();
-    let (dc, dt) = dy.as_chunks::<LANES>();
-    let (gc, gt) = gamma.as_chunks::<LANES>();
-    if P {
-        let (pc, pt) = pg.as_chunks_mut::<LANES>();
-        for (((xv, dv), gv), pv) in xc.iter().zip(dc).zip(gc).zip(pc) {
-            for l in 0..LANES {
-                let xh = xv[l].to_acc() * r;
-                let dyv = dv[l].to_acc();
+) -> Acc<T> {
+    let rv = V::splat(r);
+    let mut s = [V::splat(Acc::<T>::zero()); UNROLL];
+    let n = x.len().min(dy.len()).min(gamma.len());
+    let n = if P { n.min(pg.len()) } else { n };
+    each_chunk(
+        n,
+        #[inline(always)]
+        |j, i| {
+            prefetch(x, i);
+            prefetch(dy, i);
+            // SAFETY: `each_chunk` passes `i + LANES <= n`, and every slice
+            // read or written here is at least `n` long.
+            unsafe {
+                let xh = V::load_at(x, i).mul(rv);
+                let dyv = V::load_at(dy, i);
                 if DX {
-                    s[l] += dyv * gv[l] * xh;
+                    s[j] = s[j].add(dyv.mul(V::load_acc_at(gamma, i)).mul(xh));
                 }
-                pv[l] += dyv * xh;
+                if P {
+                    V::load_acc_at(pg, i).add(dyv.mul(xh)).store_acc_at(pg, i);
+                }
             }
+        },
+    );
+    let t = n / LANES * LANES;
+    let (xt, dt, gt) = (&x[t..n], &dy[t..n], &gamma[t..n]);
+    let pt = if P { &mut pg[t..n] } else { &mut [][..] };
+    let mut a = fold_all(s);
+    for (k, ((xv, dv), gv)) in xt.iter().zip(dt).zip(gt).enumerate() {
+        let xh = xv.to_acc() * r;
+        let dyv = dv.to_acc();
+        if DX {
+            a += dyv * *gv * xh;
         }
-        for (((xv, dv), gv), pv) in xt.iter().zip(dt).zip(gt).zip(pt) {
-            let xh = xv.to_acc() * r;
-            let dyv = dv.to_acc();
-            if DX {
-                s[0] += dyv * *gv * xh;
+        if P {
+            if let Some(pv) = pt.get_mut(k) {
+                *pv += dyv * xh;
             }
-            *pv += dyv * xh;
-        }
-    } else if DX {
-        for ((xv, dv), gv) in xc.iter().zip(dc).zip(gc) {
-            for l in 0..LANES {
-                s[l] += dv[l].to_acc() * gv[l] * (xv[l].to_acc() * r);
-            }
-        }
-        for ((xv, dv), gv) in xt.iter().zip(dt).zip(gt) {
-            s[0] += dv.to_acc() * *gv * (xv.to_acc() * r);
         }
     }
-    if DX {
-        let mgx = fold(s) / count(x.len());
-        let body = x.iter().zip(dy).zip(gamma).zip(dx.iter_mut());
-        for (((xv, dv), gv), dxv) in body {
-            let xh = xv.to_acc() * r;
-            let g = dv.to_acc() * *gv;
-            *dxv = T::from_acc(r * (g - xh * mgx));
-        }
-    }
+    a
 }
 
-struct Job<'a, T: Element> {
+/// One backward task: a group of rows, their `dx` (empty unless `DX`) and,
+/// if `P`, a fresh dgamma partial row of `d` that it returns.
+struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     x: &'a [T],
     dy: &'a [T],
     rstd: &'a [Acc<T>],
-    dx: Option<&'a mut [T]>,
-    part: Option<&'a mut [Acc<T>]>,
+    dx: &'a mut [T],
+    gamma: &'a [Acc<T>],
+    d: usize,
 }
 
-fn run_job<T: Element, const DX: bool, const P: bool>(job: Job<'_, T>, gamma: &[Acc<T>], d: usize) {
-    let mut empty_dx: [T; 0] = [];
-    let dx_all = job.dx.unwrap_or(&mut empty_dx);
-    let mut no_part: [Acc<T>; 0] = [];
-    let pg = job.part.unwrap_or(&mut no_part);
-    let rows = job.x.chunks_exact(d).zip(job.dy.chunks_exact(d));
-    for (i, ((xr, dyr), &r)) in rows.zip(job.rstd).enumerate() {
-        let dxr = if DX {
-            dx_all.get_mut(i * d..(i + 1) * d).unwrap_or(&mut [])
-        } else {
-            &mut []
-        };
-        bwd_row::<T, DX, P>(xr, dyr, gamma, r, dxr, pg);
+impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
+    for Bwd<'_, T, DX, P, NT>
+{
+    type Output = Vec<Acc<T>>;
+
+    /// Per row: pass A ([`bwd_sum`]), then pass B (row in cache):
+    /// `dx = r * (g - xhat * mean(g * xhat))`.
+    #[inline(always)]
+    fn run<V: Lanes<T>>(self) -> Vec<Acc<T>> {
+        let Bwd {
+            x,
+            dy,
+            rstd,
+            dx,
+            gamma,
+            d,
+        } = self;
+        let mut pg = vec![Acc::<T>::zero(); if P { d } else { 0 }];
+        let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
+        for (i, ((xr, dyr), &r)) in rows.zip(rstd).enumerate() {
+            let s = bwd_sum::<T, V, DX, P>(xr, dyr, gamma, r, &mut pg);
+            if DX {
+                let Some(dxr) = dx.get_mut(i * d..(i + 1) * d) else {
+                    continue;
+                };
+                let mgx = s / count(d);
+                let n = d.min(gamma.len());
+                let (xr, dyr, g) = (head(xr, n), head(dyr, n), head(gamma, n));
+                let (rv, mgxv) = (V::splat(r), V::splat(mgx));
+                write_row::<T, V, NT>(
+                    &mut dxr[..n],
+                    // SAFETY: `write_row` passes `k + LANES <= n`; `xr`,
+                    // `dyr` and `g` have length `n`.
+                    #[inline(always)]
+                    |k| unsafe {
+                        let xh = V::load_at(xr, k).mul(rv);
+                        let g = V::load_at(dyr, k).mul(V::load_acc_at(g, k));
+                        rv.mul(g.sub(xh.mul(mgxv)))
+                    },
+                    #[inline(always)]
+                    |k| {
+                        let xh = wide(xr, k) * r;
+                        let g = wide(dyr, k) * at(g, k);
+                        r * (g - xh * mgx)
+                    },
+                );
+            }
+        }
+        fence::<NT>();
+        pg
+    }
+}
+
+/// Runs the backward groups and returns their partial rows in group order.
+#[allow(clippy::too_many_arguments)]
+fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
+    x: &[T],
+    dy: &[T],
+    rstd: &[Acc<T>],
+    dx: &mut [T],
+    gamma: &[Acc<T>],
+    d: usize,
+    rpg: usize,
+) -> Vec<Vec<Acc<T>>> {
+    let mut dx_groups = dx.chunks_mut(rpg * d);
+    let jobs: Vec<Bwd<'_, T, DX, P, NT>> = x
+        .chunks(rpg * d)
+        .zip(dy.chunks(rpg * d))
+        .zip(rstd.chunks(rpg))
+        .map(|((x, dy), rstd)| Bwd {
+            x,
+            dy,
+            rstd,
+            dx: if DX {
+                dx_groups.next().unwrap_or_default()
+            } else {
+                Default::default()
+            },
+            gamma,
+            d,
+        })
+        .collect();
+    if jobs.len() <= 1 {
+        jobs.into_iter().map(dispatch).collect()
+    } else {
+        jobs.into_par_iter().map(dispatch).collect()
     }
 }
 
@@ -184,40 +321,25 @@ pub(crate) fn backward<T: Element>(
         None => vec![Acc::<T>::one(); d],
     };
     let rpg = rows_per_group(n, d);
-    let ngroups = n.div_ceil(rpg);
-    let mut dx = want_dx.then(|| Tensor::<T>::scratch(n * d));
-    let mut parts = vec![Acc::<T>::zero(); if want_dgamma { ngroups * d } else { 0 }];
-    {
-        let mut dx_it = dx.as_deref_mut().map(|v| v.chunks_mut(rpg * d));
-        let mut part_it = parts.chunks_mut(d);
-        let mut jobs: Vec<Job<'_, T>> = Vec::with_capacity(ngroups);
-        let rows = x.chunks(rpg * d).zip(dy.chunks(rpg * d));
-        for ((xg, dyg), rg) in rows.zip(rstd.chunks(rpg)) {
-            jobs.push(Job {
-                x: xg,
-                dy: dyg,
-                rstd: rg,
-                dx: dx_it.as_mut().and_then(|it| it.next()),
-                part: if want_dgamma { part_it.next() } else { None },
-            });
-        }
-        let run = match (want_dx, want_dgamma) {
-            (true, true) => run_job::<T, true, true>,
-            (true, false) => run_job::<T, true, false>,
-            (false, true) => run_job::<T, false, true>,
-            (false, false) => |_: Job<'_, T>, _: &[Acc<T>], _: usize| {},
-        };
-        if jobs.len() <= 1 {
-            jobs.into_iter().for_each(|j| run(j, &g, d));
-        } else {
-            jobs.into_par_iter().for_each(|j| run(j, &g, d));
-        }
-    }
+    let mut dx = if want_dx {
+        Tensor::<T>::scratch(n * d)
+    } else {
+        Vec::new()
+    };
+    let run = match (want_dx, want_dgamma, should_stream::<T>(n * d)) {
+        (true, true, false) => bwd_launch::<T, true, true, false>,
+        (true, false, false) => bwd_launch::<T, true, false, false>,
+        (true, true, true) => bwd_launch::<T, true, true, true>,
+        (true, false, true) => bwd_launch::<T, true, false, true>,
+        (false, true, _) => bwd_launch::<T, false, true, false>,
+        (false, false, _) => bwd_launch::<T, false, false, false>,
+    };
+    let parts = run(x, dy, rstd, &mut dx, &g, d, rpg);
     let dgamma = want_dgamma.then(|| {
         reduce_partials(&parts, d)
             .into_iter()
             .map(T::from_acc)
             .collect()
     });
-    (dx, dgamma)
+    (want_dx.then_some(dx), dgamma)
 }

@@ -1,0 +1,57 @@
+//! The benchmark behind `fusegrad bench`, with knobs for experiments:
+//!
+//! ```sh
+//! cargo run --release --example bench -- [--json] [--budget S] [--no-composed]
+//!     [--shape NxD]... [--stream-bytes B] [--no-pool]
+//! ```
+//!
+//! `--stream-bytes` sets the output size from which f32 kernels use
+//! non-temporal stores (`max` turns them off); `--no-pool` turns off buffer
+//! recycling, `--portable`/`--avx2` cap the SIMD build, to measure what each is worth.
+use fusegrad::{bench, device};
+
+fn main() -> fusegrad::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut shapes = Vec::new();
+    let (mut json, mut budget, mut composed) = (false, 1.0, true);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => json = true,
+            "--no-composed" => composed = false,
+            "--no-pool" => device::pool::set_enabled(false),
+            "--portable" => device::cpu::set_simd_limit(device::cpu::Simd::Portable),
+            "--avx2" => device::cpu::set_simd_limit(device::cpu::Simd::Avx2),
+            "--budget" => budget = it.next().and_then(|v| v.parse().ok()).unwrap_or(budget),
+            "--stream-bytes" => {
+                let v = it.next().map(String::as_str).unwrap_or("max");
+                device::cpu::set_stream_threshold(v.parse().unwrap_or(usize::MAX));
+            }
+            "--shape" => {
+                let s = it.next().map(String::as_str).unwrap_or("");
+                if let Some((n, d)) = s.split_once('x') {
+                    if let (Ok(n), Ok(d)) = (n.parse(), d.parse()) {
+                        shapes.push((n, d));
+                        continue;
+                    }
+                }
+                eprintln!("bad --shape {s:?}, want NxD");
+                std::process::exit(2);
+            }
+            other => {
+                eprintln!("unknown argument {other:?}");
+                std::process::exit(2);
+            }
+        }
+    }
+    if shapes.is_empty() {
+        shapes = bench::SHAPES.to_vec();
+    }
+    let r = bench::run(&shapes, budget, composed)?;
+    if json {
+        println!("{}", r.json());
+    } else {
+        println!("{r}");
+    }
+    Ok(())
+}
