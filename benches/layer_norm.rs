@@ -9,7 +9,11 @@ use std::time::Duration;
 
 fn tensor(rng: &mut Rng, shape: &[usize]) -> Tensor<f32> {
     let n = shape.iter().product();
-    Tensor::from_vec(shape.to_vec(), (0..n).map(|_| rng.normal() as f32).collect()).unwrap()
+    Tensor::from_vec(
+        shape.to_vec(),
+        (0..n).map(|_| rng.normal() as f32).collect(),
+    )
+    .unwrap()
 }
 
 fn layer_norm(c: &mut Criterion) {
@@ -24,7 +28,11 @@ fn layer_norm(c: &mut Criterion) {
         let id = format!("{n}x{d}");
         g.throughput(Throughput::Bytes((n * d * 4) as u64));
         let tape = Tape::new();
-        let (xv, gv, bv) = (tape.var(x.clone()), tape.var(gamma.clone()), tape.var(beta.clone()));
+        let (xv, gv, bv) = (
+            tape.var(x.clone()),
+            tape.var(gamma.clone()),
+            tape.var(beta.clone()),
+        );
         g.bench_function(BenchmarkId::new("fused_forward", &id), |b| {
             b.iter(|| ops::layer_norm(&xv, Some(&gv), Some(&bv), 1e-5).unwrap())
         });

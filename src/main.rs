@@ -3,7 +3,7 @@
 //! `fusegrad` runs the whole report; `fusegrad check`, `fusegrad stability
 //! [SVG]` and `fusegrad bench [--json]` run one part.
 
-use fusegrad::{analysis, gradcheck, nn, report, stability, Result};
+use fusegrad::{analysis, bench, gradcheck, nn, report, stability, Result};
 use std::path::PathBuf;
 
 fn section(title: &str) {
@@ -67,6 +67,28 @@ fn stability_demo(svg: PathBuf) -> Result<()> {
     Ok(())
 }
 
+/// The default report benchmarks three shapes briefly; `fusegrad bench`
+/// runs every shape of the targets.
+const QUICK_SHAPES: [(usize, usize); 3] = [(4096, 768), (16384, 1024), (1024, 16384)];
+
+fn benchmark(all: bool, json: bool) -> Result<()> {
+    let (shapes, budget): (&[(usize, usize)], f64) = if all {
+        (&bench::SHAPES, 1.0)
+    } else {
+        (&QUICK_SHAPES, 0.3)
+    };
+    if json {
+        println!("{}", bench::run(shapes, budget, true)?.json());
+        return Ok(());
+    }
+    section("Benchmark: fused LayerNorm fwd+bwd vs same-run copy and composed twin (f32)");
+    println!("{}", bench::run(shapes, budget, true)?);
+    if !all {
+        println!("(`cargo run --release -- bench` runs all eight shapes; see docs/performance.md)");
+    }
+    Ok(())
+}
+
 fn run() -> Result<bool> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let svg = || {
@@ -80,6 +102,7 @@ fn run() -> Result<bool> {
             norms()?;
             stability_demo(svg())?;
             training()?;
+            benchmark(false, false)?;
             Ok(ok)
         }
         Some("check") => {
@@ -88,6 +111,7 @@ fn run() -> Result<bool> {
             Ok(ok)
         }
         Some("stability") => stability_demo(svg()).map(|_| true),
+        Some("bench") => benchmark(true, args.iter().any(|a| a == "--json")).map(|_| true),
         Some(other) => {
             eprintln!("unknown command {other:?}; use: fusegrad [check | stability [SVG] | bench [--json]]");
             Ok(false)
