@@ -724,7 +724,9 @@ fn sum_axes_values_and_grad() {
 fn unary_values_and_grads() {
     let tape = Tape::new();
     let x = tape.var(arr2(&[[0.5f64, 2.0], [4.0, 9.0]]));
-    let seed = Tensor::full(&[2, 2], 1.0f64).unwrap();
+    // A non-uniform cotangent: each gradient entry is seed * f'(x).
+    let seed = Tensor::from_array(arr2(&[[0.75f64, -1.25], [2.5, -0.5]]));
+    let s = seed.as_slice().unwrap().to_vec();
     let cases: Vec<(fusegrad::Var<f64>, fn(f64) -> (f64, f64))> = vec![
         (ops::neg(&x).unwrap(), |v| (-v, -1.0)),
         (ops::scalar_add(&x, 1.5).unwrap(), |v| (v + 1.5, 1.0)),
@@ -743,12 +745,14 @@ fn unary_values_and_grads() {
     for (y, f) in cases {
         let g = y.backward_with(&seed).unwrap().wrt(&x).unwrap();
         let xs = x.value().as_slice().unwrap();
-        for ((&xv, &yv), &gv) in xs
+        for (((&xv, &yv), &gv), &sv) in xs
             .iter()
             .zip(y.value().as_slice().unwrap())
             .zip(g.as_slice().unwrap())
+            .zip(&s)
         {
             let (wy, wg) = f(xv);
+            let wg = wg * sv;
             assert!(
                 (yv - wy).abs() <= 1e-12 * wy.abs().max(1.0),
                 "{y:?} {yv} vs {wy}"
@@ -765,7 +769,9 @@ fn unary_values_and_grads() {
 fn activation_values_and_grads() {
     let tape = Tape::new();
     let x = tape.var(arr1(&[-2.0f64, -0.5, 0.25, 3.0]));
-    let seed = Tensor::full(&[4], 1.0f64).unwrap();
+    // A non-uniform cotangent: each gradient entry is seed * f'(x).
+    let seed = Tensor::from_array(arr1(&[0.75f64, -1.25, 2.5, -0.5]));
+    let s = seed.as_slice().unwrap().to_vec();
     let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
     let gelu = |v: f64| 0.5 * v * (1.0 + (GELU_K * (v + GELU_A * v * v * v)).tanh());
     let cases: Vec<(fusegrad::Var<f64>, Box<dyn Fn(f64) -> (f64, f64)>)> = vec![
@@ -791,8 +797,9 @@ fn activation_values_and_grads() {
         let g = y.backward_with(&seed).unwrap().wrt(&x).unwrap();
         let xs = x.value().as_slice().unwrap();
         let ys = y.value().as_slice().unwrap();
-        for ((&xv, &yv), &gv) in xs.iter().zip(ys).zip(g.as_slice().unwrap()) {
+        for (((&xv, &yv), &gv), &sv) in xs.iter().zip(ys).zip(g.as_slice().unwrap()).zip(&s) {
             let (wy, wg) = f(xv);
+            let wg = wg * sv;
             assert!((yv - wy).abs() <= 1e-12, "{y:?} at {xv}: {yv} vs {wy}");
             assert!((gv - wg).abs() <= 1e-9, "{y:?}' at {xv}: {gv} vs {wg}");
         }
@@ -871,9 +878,10 @@ fn nan_propagates_and_saturation_stays_finite() {
     // Huge |x|: outputs and gradients finite, no 0 * inf.
     let big = [-1e300f64, -1e20, -1e3, 1e3, 1e20, 1e300];
     let x = tape.var(arr1(&big));
-    let seed = Tensor::full(&[6], 1.0f64).unwrap();
+    // A non-uniform cotangent; the expected gradients are seed * f'(x).
+    let seed = Tensor::from_array(arr1(&[0.5f64, -1.5, 2.0, -0.25, 3.0, -4.0]));
     for (y, want_g) in [
-        (ops::gelu(&x).unwrap(), [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]),
+        (ops::gelu(&x).unwrap(), [0.0, 0.0, 0.0, -0.25, 3.0, -4.0]),
         (ops::sigmoid(&x).unwrap(), [0.0; 6]),
         (ops::tanh(&x).unwrap(), [0.0; 6]),
     ] {
@@ -886,14 +894,14 @@ fn nan_propagates_and_saturation_stays_finite() {
     }
     let tf = Tape::new();
     let xf = tf.var(arr1(&[-1e30f32, 1e30]));
-    let seed = Tensor::full(&[2], 1.0f32).unwrap();
+    let seed = Tensor::from_array(arr1(&[0.5f32, -2.0]));
     let g = ops::gelu(&xf)
         .unwrap()
         .backward_with(&seed)
         .unwrap()
         .wrt(&xf)
         .unwrap();
-    assert_eq!(g.as_slice().unwrap(), &[0.0, 1.0]);
+    assert_eq!(g.as_slice().unwrap(), &[0.0, -2.0]);
 }
 
 #[test]
