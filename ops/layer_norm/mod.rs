@@ -32,7 +32,7 @@
 //! Finite rows of any magnitude stay finite and accurate: rows the kernel's
 //! arithmetic cannot represent (spread past ~1.8e19 in f32, or statistics
 //! lost to subnormals) are recomputed by the scaled fallback in
-//! [`scaled`], and then the node's backward runs there too.
+//! `scaled.rs`, and then the node's backward runs there too.
 
 pub(crate) mod cpu;
 pub(crate) mod scaled;
