@@ -114,45 +114,62 @@ const GELU_K: f64 = 0.797_884_560_802_865_4;
 /// The cubic coefficient of the tanh approximation.
 const GELU_A: f64 = 0.044_715;
 
-/// `y = x/2 (1 + tanh u)`, `u = k (x + a x^3)`, `k = sqrt(2/pi)`, `a = 0.044715`.
+/// `(sigma(v), sigma(-v))` from one exponential, each without cancellation.
+fn sigmoid_pair<A: Accum>(v: A) -> (A, A) {
+    let one = A::one();
+    let e = (-v.abs()).exp();
+    let (big, small) = (one / (one + e), e / (one + e));
+    if v >= A::zero() {
+        (big, small)
+    } else {
+        (small, big)
+    }
+}
+
+/// `y = x/2 (1 + tanh u)`, `u = k (x + a x^3)`, `k = sqrt(2/pi)`,
+/// `a = 0.044715`.
 ///
-/// `dy/dx = (1 + t)/2 + x/2 (1 - t^2) k (1 + 3 a x^2)` with `t = tanh u`, so
-/// `dx = g dy/dx`. Where `1 - t^2` is exactly 0 (saturation) the second term
-/// is taken as 0, so huge `|x|` (where `x^2` overflows) gives 0, not NaN.
+/// Since `(1 + tanh u)/2 = sigma(2u)`, this is evaluated as `y = x s` with
+/// `s = sigma(2u)`, which for negative `x` avoids the cancellation in
+/// `1 + tanh u` (there the tanh form loses all relative accuracy).
+///
+/// `dy/dx = s + x s' = s + 2 x s (1 - s) k (1 + 3 a x^2)`, with `1 - s =
+/// sigma(-2u)` computed directly, so `dx = g dy/dx`. Where `s (1 - s)` is
+/// exactly 0 (saturation) the second term is taken as 0, so huge `|x|`
+/// (where `x^2` overflows) gives a finite gradient, not NaN.
 struct Gelu;
 
 impl<T: Element> Op<T> for Gelu {
-    /// The input `x` (`tanh u` is recomputed in backward).
+    /// The input `x` (`s` is recomputed in backward).
     type State = Tensor<T>;
     fn name(&self) -> &'static str {
         "gelu"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let (k, a, half, one) = consts::<T::Acc>();
-        let y = map(x[0], |x| {
-            half * x * (one + (k * (x + a * x * x * x)).tanh())
-        })?;
+        let (k, a, two) = consts::<T::Acc>();
+        let y = map(x[0], |x| x * sigmoid_acc(two * k * (x + a * x * x * x)))?;
         Ok((y, x[0].clone()))
     }
     fn backward(&self, x: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let (k, a, half, one) = consts::<T::Acc>();
-        let three = T::Acc::of(3.0);
+        let (k, a, two) = consts::<T::Acc>();
+        let (one, three) = (T::Acc::of(1.0), T::Acc::of(3.0));
         let d = zip(g, x, |g, x| {
-            let t = (k * (x + a * x * x * x)).tanh();
-            let s = one - t * t;
-            let tail = if s == T::Acc::zero() {
+            let (s, s_neg) = sigmoid_pair(two * k * (x + a * x * x * x));
+            let ss = s * s_neg;
+            let tail = if ss == T::Acc::zero() {
                 T::Acc::zero()
             } else {
-                half * x * s * k * (one + three * a * x * x)
+                two * x * ss * k * (one + three * a * x * x)
             };
-            g * (half * (one + t) + tail)
+            g * (s + tail)
         })?;
         Ok(vec![Some(d)])
     }
 }
 
-fn consts<A: Accum>() -> (A, A, A, A) {
-    (A::of(GELU_K), A::of(GELU_A), A::of(0.5), A::one())
+/// `(k, a, 2)` in the accumulation type.
+fn consts<A: Accum>() -> (A, A, A) {
+    (A::of(GELU_K), A::of(GELU_A), A::of(2.0))
 }
 
 /// `tanh(x)`.

@@ -227,7 +227,7 @@ fn run<T: Element>(case: &Case, f: Graph<'_, T>, inputs: &[Tensor<T>]) -> Result
 /// dx at D = 1, is nearly 0) only the rounding of the terms is left, and a
 /// relative error of the tiny result means nothing. Zero scales (no rows)
 /// become 1.
-fn term_scales(case: &Case, inputs: &[Tensor<f64>]) -> Result<Vec<f64>> {
+pub fn term_scales(case: &Case, inputs: &[Tensor<f64>]) -> Result<Vec<f64>> {
     let d = case.d().max(1);
     let x = inputs
         .first()
@@ -933,15 +933,15 @@ mod counted {
     impl Element for Counted {
         type Acc = Counted;
         const NAME: &'static str = "counted";
+        fn pool() -> &'static crate::device::pool::Pool<Self> {
+            static P: crate::device::pool::Pool<Counted> = crate::device::pool::Pool::new();
+            &P
+        }
         fn to_acc(self) -> Counted {
             self
         }
         fn from_acc(a: Counted) -> Self {
             a
-        }
-        fn pool() -> &'static crate::device::pool::Pool<Self> {
-            static P: crate::device::pool::Pool<Counted> = crate::device::pool::Pool::new();
-            &P
         }
     }
 }
@@ -1053,8 +1053,8 @@ pub struct Traffic {
 /// `elem` bytes and whose statistics take `acc` bytes.
 ///
 /// Each op streams its operands from memory once and writes its result once
-/// (what the kernels in `ops/` do; re-reads of a row that is still in cache
-/// and of a small broadcast operand count once). With `O` the output's
+/// (what the kernels in `ops/` do; re-reads of a row that is still in cache,
+/// of a small broadcast operand and of an operand passed twice count once). With `O` the output's
 /// element count, `I` an input's and `s = elem`:
 ///
 /// | op | forward | backward, per input that needs a gradient |
@@ -1083,7 +1083,13 @@ pub fn node_traffic(nodes: &[NodeInfo], elem: usize, acc: usize) -> Traffic {
         let ins: Vec<&NodeInfo> = node.inputs.iter().filter_map(|&i| nodes.get(i)).collect();
         let isz: Vec<usize> = ins.iter().map(|n| numel(&n.shape)).collect();
         let need: Vec<bool> = ins.iter().map(|n| n.requires_grad).collect();
-        let sum_in: usize = isz.iter().sum();
+        // Forward reads: each distinct input once (mul(x, x) streams x once).
+        let sum_in: usize = isz
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| !node.inputs[..*k].contains(&node.inputs[*k]))
+            .map(|(_, v)| v)
+            .sum();
         let back = |i: usize| {
             if ins[i].shape != node.shape {
                 o + isz[i]

@@ -10,6 +10,7 @@ pub mod error;
 pub mod gradcheck;
 pub mod nn;
 pub mod op;
+pub mod report;
 pub mod rng;
 pub mod shape;
 pub mod stability;
