@@ -592,7 +592,7 @@ pub(crate) fn write_row<T: Element, V: Lanes<T>, const NT: bool>(
     let t0 = h + LANES * body.len();
     // `align_offset` may give up (returning more than `n`); then `h == n`
     // and there is no body. Otherwise the body starts 64-byte aligned.
-    if stream && (body.as_ptr() as usize) % 64 == 0 {
+    if stream && (body.as_ptr() as usize).is_multiple_of(64) {
         for (k, d) in body.iter_mut().enumerate() {
             // SAFETY: every group of the body is 64-byte aligned.
             unsafe { v(h + LANES * k).stream(d) }
