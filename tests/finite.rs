@@ -58,6 +58,7 @@ struct Ref {
 /// the cotangent `dy`. Each row is scaled into `[1, 2)` first (exactly), so
 /// f64 rows of any magnitude are fine; when `eps` so scaled overflows it
 /// dwarfs the variance and the row is normalized by `1/sqrt(eps)` directly.
+#[allow(clippy::too_many_arguments)]
 fn reference(
     x: &[f64],
     d: usize,

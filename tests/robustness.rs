@@ -1132,8 +1132,9 @@ fn run_case<T: Element>(case: &Case) -> Result<(), TestCaseError> {
 }
 
 /// Outcome counts per op (`ok`, `err`), and backward sweeps run.
-static STATS: Mutex<(BTreeMap<&'static str, (usize, usize)>, usize)> =
-    Mutex::new((BTreeMap::new(), 0));
+/// Per-op (ok, err) counts and the number of backward sweeps.
+type Stats = (BTreeMap<&'static str, (usize, usize)>, usize);
+static STATS: Mutex<Stats> = Mutex::new((BTreeMap::new(), 0));
 
 fn count(op: &'static str, ok: bool) {
     if let Ok(mut s) = STATS.lock() {
