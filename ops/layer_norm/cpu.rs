@@ -8,13 +8,16 @@
 //! group order. Nothing depends on the number of threads, so every output
 //! (`y`, `dx`, `dgamma`, `dbeta`) is bitwise identical for any thread count.
 //!
-//! The kernels compute in [`Lanes`]: [`LANES`] accumulators, one per
-//! position modulo [`LANES`], folded pairwise at the end of a row. Each task
-//! runs through [`dispatch`], which picks an AVX-512, AVX2 or plain-Rust
-//! build for f32 (plain Rust for the other types); all do the same IEEE
-//! operations in the same order, so they give the same bits. 16-bit elements are widened
-//! to `T::Acc` (f32) on load and every sum, statistic and partial is kept in
-//! `T::Acc`.
+//! The kernels compute in [`Lanes`] of [`LANES`] values; a row sum runs in
+//! [`UNROLL`] accumulators (chunk `k` of the row into accumulator
+//! `k % UNROLL`), added lane-wise and folded pairwise at the end of the row
+//! ([`fold_all`]); elements past the last whole chunk are added after the
+//! fold, in order. Each task runs through [`dispatch`], which picks an
+//! AVX-512, AVX2 or plain-Rust build for f32 (plain Rust for the other
+//! types); all do the same IEEE operations in the same order, so they give
+//! the same bits. 16-bit elements are widened to `T::Acc` (f32) on load and
+//! every sum, statistic and partial is kept in `T::Acc`. The first pass over
+//! each row prefetches a page ahead ([`prefetch`]).
 //!
 //! Memory traffic is the minimum: the forward reads each row of `x` from
 //! memory once (the second statistics pass and the output pass find it in
@@ -26,9 +29,9 @@
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    dispatch, fence, prefetch, rows_per_chunk, should_stream, write_row, Kernel, Lanes,
+    dispatch, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream, write_row,
+    Kernel, Lanes, UNROLL,
 };
-use crate::device::cpu::{each_chunk, fold_all, UNROLL};
 use crate::dtype::{Accum, Element};
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
