@@ -2,12 +2,13 @@
 //!
 //! ```sh
 //! cargo run --release --example bench -- [--json] [--budget S] [--no-composed]
-//!     [--shape NxD]... [--stream-bytes B] [--no-pool]
+//!     [--shape NxD]... [--stream-bytes B] [--no-pool] [--one-row]
 //! ```
 //!
 //! `--stream-bytes` sets the output size from which f32 kernels use
 //! non-temporal stores (`max` turns them off); `--no-pool` turns off buffer
-//! recycling, `--portable`/`--avx2` cap the SIMD build, to measure what each is worth.
+//! recycling, `--one-row` runs the LayerNorm kernels a row at a time instead
+//! of four rows in lockstep, `--portable`/`--avx2` cap the SIMD build, to measure what each is worth.
 use fusegrad::{bench, device};
 
 fn main() -> fusegrad::Result<()> {
@@ -20,6 +21,7 @@ fn main() -> fusegrad::Result<()> {
             "--json" => json = true,
             "--no-composed" => composed = false,
             "--no-pool" => device::pool::set_enabled(false),
+            "--one-row" => device::cpu::set_lockstep(false),
             "--portable" => device::cpu::set_simd_limit(device::cpu::Simd::Portable),
             "--avx2" => device::cpu::set_simd_limit(device::cpu::Simd::Avx2),
             "--budget" => budget = it.next().and_then(|v| v.parse().ok()).unwrap_or(budget),

@@ -29,8 +29,8 @@
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    dispatch, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream, write_row,
-    Kernel, Lanes, UNROLL,
+    dispatch, each_chunk, fence, fold_all, prefetch, prefetch_next, rows_in_step, rows_per_chunk,
+    should_stream, write_rows, Kernel, Lanes, ROWS_IN_STEP, UNROLL,
 };
 use crate::dtype::{Accum, Element};
 use crate::tensor::Tensor;
@@ -80,54 +80,103 @@ pub(crate) fn wide<T: Element>(s: &[T], i: usize) -> Acc<T> {
     s.get(i).map_or_else(Acc::<T>::zero, |v| v.to_acc())
 }
 
-/// Mean of a row, shifted by its first element:
-/// `mean = x0 + sum(x - x0) / d`.
+/// Means of `R` rows (advanced in lockstep), each shifted by its first
+/// element: `mean = x0 + sum(x - x0) / d`.
 ///
 /// The shift makes a constant row's mean exact (so its variance is exactly
 /// 0) and, for rows with a large common offset, keeps the summands as small
-/// as the spread instead of the offset.
+/// as the spread instead of the offset. Each row's sum runs in the same
+/// accumulators in the same order whatever `R` is.
 #[inline(always)]
-fn row_mean<T: Element, V: Lanes<T>>(x: &[T]) -> Acc<T> {
-    let Some(first) = x.first() else {
-        return Acc::<T>::zero();
-    };
-    let x0 = first.to_acc();
-    let (v0, mut acc) = (V::splat(x0), [V::splat(Acc::<T>::zero()); UNROLL]);
+fn rows_mean<T: Element, V: Lanes<T>, const R: usize>(x: [&[T]; R]) -> [Acc<T>; R] {
+    let zero = Acc::<T>::zero();
+    let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+    if n == 0 {
+        return [zero; R];
+    }
+    let x = x.map(|r| head(r, n));
+    let x0 = x.map(|r| r.first().map_or(zero, |v| v.to_acc()));
+    let v0 = splats::<T, V, R>(x0);
+    let mut acc = [[V::splat(zero); UNROLL]; R];
     each_chunk(
-        x.len(),
+        n,
         #[inline(always)]
         |j, i| {
-            prefetch(x, i);
-            // SAFETY: `each_chunk` passes `i + LANES <= x.len()`.
-            acc[j] = acc[j].add(unsafe { V::load_at(x, i) }.sub(v0));
+            for s in 0..R {
+                prefetch(x[s], i);
+                // SAFETY: `each_chunk` passes `i + LANES <= n`.
+                acc[s][j] = acc[s][j].add(unsafe { V::load_at(x[s], i) }.sub(v0[s]));
+            }
         },
     );
-    let mut s = fold_all(acc);
-    for v in x.as_chunks::<LANES>().1 {
-        s += v.to_acc() - x0;
+    let mut out = [zero; R];
+    for s in 0..R {
+        let mut t = fold_all(acc[s]);
+        for v in x[s].as_chunks::<LANES>().1 {
+            t += v.to_acc() - x0[s];
+        }
+        out[s] = x0[s] + t / count(n);
     }
-    x0 + s / count(x.len())
+    out
 }
 
-/// `sum((x - m)^2)` over a row: the second of the two passes.
+/// `sum((x - m)^2)` over each of `R` rows: the second of the two passes.
 #[inline(always)]
-fn row_sq_dev<T: Element, V: Lanes<T>>(x: &[T], m: Acc<T>) -> Acc<T> {
-    let (mv, mut acc) = (V::splat(m), [V::splat(Acc::<T>::zero()); UNROLL]);
+fn rows_sq_dev<T: Element, V: Lanes<T>, const R: usize>(
+    x: [&[T]; R],
+    m: [Acc<T>; R],
+) -> [Acc<T>; R] {
+    let zero = Acc::<T>::zero();
+    let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+    let x = x.map(|r| head(r, n));
+    let mv = splats::<T, V, R>(m);
+    let mut acc = [[V::splat(zero); UNROLL]; R];
     each_chunk(
-        x.len(),
+        n,
         #[inline(always)]
         |j, i| {
-            // SAFETY: `each_chunk` passes `i + LANES <= x.len()`.
-            let e = unsafe { V::load_at(x, i) }.sub(mv);
-            acc[j] = acc[j].add(e.mul(e));
+            for s in 0..R {
+                // SAFETY: `each_chunk` passes `i + LANES <= n`.
+                let e = unsafe { V::load_at(x[s], i) }.sub(mv[s]);
+                acc[s][j] = acc[s][j].add(e.mul(e));
+            }
         },
     );
-    let mut s = fold_all(acc);
-    for v in x.as_chunks::<LANES>().1 {
-        let e = v.to_acc() - m;
-        s += e * e;
+    let mut out = [zero; R];
+    for s in 0..R {
+        let mut t = fold_all(acc[s]);
+        for v in x[s].as_chunks::<LANES>().1 {
+            let e = v.to_acc() - m[s];
+            t += e * e;
+        }
+        out[s] = t;
     }
-    s
+    out
+}
+
+/// Each value in all lanes (a loop, not `array::map`, so that it inlines
+/// into the SIMD build).
+#[inline(always)]
+fn splats<T: Element, V: Lanes<T>, const R: usize>(a: [Acc<T>; R]) -> [V; R] {
+    let mut v = [V::splat(Acc::<T>::zero()); R];
+    for s in 0..R {
+        v[s] = V::splat(a[s]);
+    }
+    v
+}
+
+/// Rows `i..i + R` of `x` (each `d` long; empty past the end).
+#[inline(always)]
+fn rows_at<A, const R: usize>(x: &[A], i: usize, d: usize) -> [&[A]; R] {
+    std::array::from_fn(|s| x.get((i + s) * d..(i + s + 1) * d).unwrap_or_default())
+}
+
+/// Rows `i..i + R` of `y`, mutable (each `d` long; empty past the end).
+#[inline(always)]
+fn rows_at_mut<A, const R: usize>(y: &mut [A], i: usize, d: usize) -> [&mut [A]; R] {
+    let block = y.get_mut(i * d..(i + R) * d).unwrap_or_default();
+    let mut rows = block.chunks_exact_mut(d.max(1));
+    std::array::from_fn(|_| rows.next().unwrap_or_default())
 }
 
 /// `xhat = (x - m) * r` for the lanes at `x[i..]`.
@@ -170,72 +219,100 @@ struct Fwd<'a, T: Element, const G: bool, const B: bool, const NT: bool> {
 impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, B, NT> {
     type Output = ();
 
-    /// Per row: statistics, then `y = (x - m) * rstd * g + b`.
+    /// Per row: statistics, then `y = (x - m) * rstd * g + b`; the rows go
+    /// [`rows_in_step`] at a time, the last few one by one.
     #[inline(always)]
-    fn run<V: Lanes<T>>(self) {
-        let Fwd {
-            x,
-            y,
-            mean,
-            rstd,
-            gamma,
-            beta,
-            d,
-            eps,
-        } = self;
-        let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
-        for ((xr, yr), (m_out, r_out)) in rows.zip(mean.iter_mut().zip(rstd.iter_mut())) {
-            let m = row_mean::<T, V>(xr);
-            let var = row_sq_dev::<T, V>(xr, m) / count(d);
-            let r = Acc::<T>::one() / (var + eps).sqrt();
-            *m_out = m;
-            *r_out = r;
-            let n = d.min(if G { gamma.len() } else { d });
-            let n = n.min(if B { beta.len() } else { d });
-            let (xr, yr, g, b) = (head(xr, n), &mut yr[..n], head(gamma, n), head(beta, n));
-            let (mv, rv) = (V::splat(m), V::splat(r));
-            // SAFETY (the unchecked loads below): `write_row` passes
-            // `i + LANES <= n`, and `xr`, `g`, `b` have length `n` (when
-            // present).
-            if G && B {
-                write_row::<T, V, NT>(
-                    yr,
-                    #[inline(always)]
-                    |i| unsafe {
-                        xhat_at(xr, i, mv, rv)
-                            .mul(V::load_acc_at(g, i))
-                            .add(V::load_acc_at(b, i))
-                    },
-                    #[inline(always)]
-                    |i| xhat_one(xr, i, m, r) * at(g, i) + at(b, i),
-                );
-            } else if G {
-                write_row::<T, V, NT>(
-                    yr,
-                    #[inline(always)]
-                    |i| unsafe { xhat_at(xr, i, mv, rv).mul(V::load_acc_at(g, i)) },
-                    #[inline(always)]
-                    |i| xhat_one(xr, i, m, r) * at(g, i),
-                );
-            } else if B {
-                write_row::<T, V, NT>(
-                    yr,
-                    #[inline(always)]
-                    |i| unsafe { xhat_at(xr, i, mv, rv).add(V::load_acc_at(b, i)) },
-                    #[inline(always)]
-                    |i| xhat_one(xr, i, m, r) + at(b, i),
-                );
-            } else {
-                write_row::<T, V, NT>(
-                    yr,
-                    #[inline(always)]
-                    |i| unsafe { xhat_at(xr, i, mv, rv) },
-                    #[inline(always)]
-                    |i| xhat_one(xr, i, m, r),
-                );
+    fn run<V: Lanes<T>>(mut self) {
+        let n = self.mean.len().min(self.rstd.len());
+        let n = n.min(self.x.len() / self.d.max(1));
+        let mut i = 0;
+        if rows_in_step(self.d * std::mem::size_of::<T>()) == ROWS_IN_STEP {
+            while i + ROWS_IN_STEP <= n {
+                self.rows::<V, ROWS_IN_STEP>(i);
+                i += ROWS_IN_STEP;
             }
         }
+        while i < n {
+            self.rows::<V, 1>(i);
+            i += 1;
+        }
         fence::<NT>();
+    }
+}
+
+impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, NT> {
+    /// Rows `i..i + R`, in lockstep.
+    #[inline(always)]
+    fn rows<V: Lanes<T>, const R: usize>(&mut self, i: usize) {
+        let (d, eps) = (self.d, self.eps);
+        let xr = rows_at::<T, R>(self.x, i, d);
+        let m = rows_mean::<T, V, R>(xr);
+        let sq = rows_sq_dev::<T, V, R>(xr, m);
+        let r = sq.map(|q| Acc::<T>::one() / (q / count(d) + eps).sqrt());
+        for s in 0..R {
+            if let (Some(mo), Some(ro)) = (self.mean.get_mut(i + s), self.rstd.get_mut(i + s)) {
+                (*mo, *ro) = (m[s], r[s]);
+            }
+        }
+        let n = d.min(if G { self.gamma.len() } else { d });
+        let n = n.min(if B { self.beta.len() } else { d });
+        let xr = xr.map(|x| head(x, n));
+        let yr = rows_at_mut::<T, R>(&mut *self.y, i, d).map(|y| {
+            let k = n.min(y.len());
+            &mut y[..k]
+        });
+        let (g, b) = (head(self.gamma, n), head(self.beta, n));
+        let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
+        // SAFETY (the unchecked loads below): `write_rows` passes
+        // `i + LANES <= n`, and `xr[k]`, `g`, `b` have length `n` (when
+        // present).
+        if G && B {
+            write_rows::<T, V, NT, R>(
+                yr,
+                #[inline(always)]
+                |k, i| unsafe {
+                    prefetch_next(xr[k], R * d, i);
+                    xhat_at(xr[k], i, mv[k], rv[k])
+                        .mul(V::load_acc_at(g, i))
+                        .add(V::load_acc_at(b, i))
+                },
+                #[inline(always)]
+                |k, i| xhat_one(xr[k], i, m[k], r[k]) * at(g, i) + at(b, i),
+            );
+        } else if G {
+            write_rows::<T, V, NT, R>(
+                yr,
+                #[inline(always)]
+                |k, i| unsafe {
+                    prefetch_next(xr[k], R * d, i);
+                    xhat_at(xr[k], i, mv[k], rv[k]).mul(V::load_acc_at(g, i))
+                },
+                #[inline(always)]
+                |k, i| xhat_one(xr[k], i, m[k], r[k]) * at(g, i),
+            );
+        } else if B {
+            write_rows::<T, V, NT, R>(
+                yr,
+                #[inline(always)]
+                |k, i| unsafe {
+                    prefetch_next(xr[k], R * d, i);
+                    xhat_at(xr[k], i, mv[k], rv[k]).add(V::load_acc_at(b, i))
+                },
+                #[inline(always)]
+                |k, i| xhat_one(xr[k], i, m[k], r[k]) + at(b, i),
+            );
+        } else {
+            write_rows::<T, V, NT, R>(
+                yr,
+                #[inline(always)]
+                |k, i| unsafe {
+                    prefetch_next(xr[k], R * d, i);
+                    xhat_at(xr[k], i, mv[k], rv[k])
+                },
+                #[inline(always)]
+                |k, i| xhat_one(xr[k], i, m[k], r[k]),
+            );
+        }
     }
 }
 
@@ -316,75 +393,87 @@ pub(crate) fn forward<T: Element>(
     Forward { y, mean, rstd }
 }
 
-/// Pass A of one backward row (reads `x`, `dy` from memory):
-/// `xhat = (x - m) * r`, `g = dy * gamma`, and returns the sums of `g` and
-/// `g * xhat` (if `DX`); adds the partials `pg += dy * xhat`, `pb += dy`
-/// (if `P`). Elements past the last whole group of lanes are added, in
-/// order, after the fold.
+/// Pass A of `R` backward rows in lockstep (reads `x`, `dy` from memory):
+/// `xhat = (x - m) * r`, `g = dy * gamma`, and returns each row's sums of
+/// `g` and `g * xhat` (if `DX`); adds the partials `pg += dy * xhat`,
+/// `pb += dy` (if `P`), row after row, so each partial sees the rows in
+/// row order whatever `R` is. Elements past the last whole group of lanes
+/// are added, in order, after the fold.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn bwd_sums<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
-    x: &[T],
-    dy: &[T],
+fn bwd_sums<T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>(
+    x: [&[T]; R],
+    dy: [&[T]; R],
     gamma: &[Acc<T>],
-    m: Acc<T>,
-    r: Acc<T>,
+    m: [Acc<T>; R],
+    r: [Acc<T>; R],
     pg: &mut [Acc<T>],
     pb: &mut [Acc<T>],
-) -> (Acc<T>, Acc<T>) {
+) -> [(Acc<T>, Acc<T>); R] {
     let zero = V::splat(Acc::<T>::zero());
-    let (mv, rv) = (V::splat(m), V::splat(r));
-    let (mut s1, mut s2) = ([zero; UNROLL], [zero; UNROLL]);
-    let n = x.len().min(dy.len()).min(gamma.len());
+    let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
+    let (mut s1, mut s2) = ([[zero; UNROLL]; R], [[zero; UNROLL]; R]);
+    let n = x.iter().chain(&dy).map(|v| v.len()).min().unwrap_or(0);
+    let n = n.min(gamma.len());
     let n = if P { n.min(pg.len()).min(pb.len()) } else { n };
+    let (x, dy) = (x.map(|v| head(v, n)), dy.map(|v| head(v, n)));
     each_chunk(
         n,
         #[inline(always)]
         |j, i| {
-            prefetch(x, i);
-            prefetch(dy, i);
             // SAFETY: `each_chunk` passes `i + LANES <= n`, and every slice
             // read or written here is at least `n` long.
             unsafe {
-                let xh = V::load_at(x, i).sub(mv).mul(rv);
-                let dyv = V::load_at(dy, i);
-                let g = dyv.mul(V::load_acc_at(gamma, i));
-                if DX {
-                    s1[j] = s1[j].add(g);
-                    s2[j] = s2[j].add(g.mul(xh));
+                let gam = V::load_acc_at(gamma, i);
+                let (mut pgv, mut pbv) = (zero, zero);
+                if P {
+                    (pgv, pbv) = (V::load_acc_at(pg, i), V::load_acc_at(pb, i));
+                }
+                for s in 0..R {
+                    prefetch(x[s], i);
+                    prefetch(dy[s], i);
+                    let xh = V::load_at(x[s], i).sub(mv[s]).mul(rv[s]);
+                    let dyv = V::load_at(dy[s], i);
+                    let g = dyv.mul(gam);
+                    if DX {
+                        s1[s][j] = s1[s][j].add(g);
+                        s2[s][j] = s2[s][j].add(g.mul(xh));
+                    }
+                    if P {
+                        pgv = pgv.add(dyv.mul(xh));
+                        pbv = pbv.add(dyv);
+                    }
                 }
                 if P {
-                    V::load_acc_at(pg, i).add(dyv.mul(xh)).store_acc_at(pg, i);
-                    V::load_acc_at(pb, i).add(dyv).store_acc_at(pb, i);
+                    pgv.store_acc_at(pg, i);
+                    pbv.store_acc_at(pb, i);
                 }
             }
         },
     );
     let t = n / LANES * LANES;
-    let (xt, dt, gt) = (&x[t..n], &dy[t..n], &gamma[t..n]);
-    let (pgt, pbt) = if P {
-        (&mut pg[t..n], &mut pb[t..n])
-    } else {
-        (&mut [][..], &mut [][..])
-    };
-    let (mut a1, mut a2) = (fold_all(s1), fold_all(s2));
-    let tail = xt.iter().zip(dt).zip(gt).enumerate();
-    for (k, ((xv, dv), gv)) in tail {
-        let xh = (xv.to_acc() - m) * r;
-        let dyv = dv.to_acc();
-        let g = dyv * *gv;
-        if DX {
-            a1 += g;
-            a2 += g * xh;
-        }
-        if P {
-            if let (Some(pgv), Some(pbv)) = (pgt.get_mut(k), pbt.get_mut(k)) {
-                *pgv += dyv * xh;
-                *pbv += dyv;
+    let mut out = [(Acc::<T>::zero(), Acc::<T>::zero()); R];
+    for s in 0..R {
+        let (mut a1, mut a2) = (fold_all(s1[s]), fold_all(s2[s]));
+        let (m, r) = (m[s], r[s]);
+        for k in t..n {
+            let xh = (wide(x[s], k) - m) * r;
+            let dyv = wide(dy[s], k);
+            let g = dyv * at(gamma, k);
+            if DX {
+                a1 += g;
+                a2 += g * xh;
+            }
+            if P {
+                if let (Some(pgv), Some(pbv)) = (pg.get_mut(k), pb.get_mut(k)) {
+                    *pgv += dyv * xh;
+                    *pbv += dyv;
+                }
             }
         }
+        out[s] = (a1, a2);
     }
-    (a1, a2)
+    out
 }
 
 /// One backward task: a group of consecutive rows, their `dx` (empty unless
@@ -406,54 +495,87 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
     type Output = Vec<Acc<T>>;
 
     /// Per row: pass A ([`bwd_sums`]), then, with the row still in cache,
-    /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`.
+    /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`; the rows go
+    /// [`rows_in_step`] at a time, the last few one by one.
     #[inline(always)]
-    fn run<V: Lanes<T>>(self) -> Vec<Acc<T>> {
-        let Bwd {
-            x,
-            dy,
-            mean,
-            rstd,
-            dx,
-            gamma,
-            d,
-        } = self;
+    fn run<V: Lanes<T>>(mut self) -> Vec<Acc<T>> {
+        let d = self.d;
         let mut part = vec![Acc::<T>::zero(); if P { 2 * d } else { 0 }];
         let (pg, pb) = part.split_at_mut(if P { d } else { 0 });
-        let inv_d = Acc::<T>::one() / count(d);
-        let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
-        let stats = mean.iter().zip(rstd);
-        for (i, ((xr, dyr), (&m, &r))) in rows.zip(stats).enumerate() {
-            let (s1, s2) = bwd_sums::<T, V, DX, P>(xr, dyr, gamma, m, r, pg, pb);
-            if DX {
-                let Some(dxr) = dx.get_mut(i * d..(i + 1) * d) else {
-                    continue;
-                };
-                let (mg, mgx) = (s1 * inv_d, s2 * inv_d);
-                let n = d.min(gamma.len());
-                let (xr, dyr, g) = (head(xr, n), head(dyr, n), head(gamma, n));
-                let (mv, rv, mgv, mgxv) = (V::splat(m), V::splat(r), V::splat(mg), V::splat(mgx));
-                write_row::<T, V, NT>(
-                    &mut dxr[..n],
-                    // SAFETY: `write_row` passes `k + LANES <= n`; `xr`,
-                    // `dyr` and `g` have length `n`.
-                    #[inline(always)]
-                    |k| unsafe {
-                        let xh = V::load_at(xr, k).sub(mv).mul(rv);
-                        let g = V::load_at(dyr, k).mul(V::load_acc_at(g, k));
-                        rv.mul(g.sub(mgv).sub(xh.mul(mgxv)))
-                    },
-                    #[inline(always)]
-                    |k| {
-                        let xh = (wide(xr, k) - m) * r;
-                        let g = wide(dyr, k) * at(g, k);
-                        r * (g - mg - xh * mgx)
-                    },
-                );
+        let n = self.mean.len().min(self.rstd.len());
+        let n = n.min(self.x.len().min(self.dy.len()) / d.max(1));
+        let mut i = 0;
+        if rows_in_step(d * std::mem::size_of::<T>()) == ROWS_IN_STEP {
+            while i + ROWS_IN_STEP <= n {
+                self.rows::<V, ROWS_IN_STEP>(i, pg, pb);
+                i += ROWS_IN_STEP;
             }
+        }
+        while i < n {
+            self.rows::<V, 1>(i, pg, pb);
+            i += 1;
         }
         fence::<NT>();
         part
+    }
+}
+
+impl<T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'_, T, DX, P, NT> {
+    /// Rows `i..i + R`, in lockstep.
+    #[inline(always)]
+    fn rows<V: Lanes<T>, const R: usize>(
+        &mut self,
+        i: usize,
+        pg: &mut [Acc<T>],
+        pb: &mut [Acc<T>],
+    ) {
+        let d = self.d;
+        let (xr, dyr) = (
+            rows_at::<T, R>(self.x, i, d),
+            rows_at::<T, R>(self.dy, i, d),
+        );
+        let stat = |v: &[Acc<T>], s: usize| v.get(i + s).copied().unwrap_or_default();
+        let m: [Acc<T>; R] = std::array::from_fn(|s| stat(self.mean, s));
+        let r: [Acc<T>; R] = std::array::from_fn(|s| stat(self.rstd, s));
+        let gamma = self.gamma;
+        let sums = bwd_sums::<T, V, DX, P, R>(xr, dyr, gamma, m, r, pg, pb);
+        if !DX {
+            return;
+        }
+        let inv_d = Acc::<T>::one() / count(d);
+        let mg = sums.map(|(s1, _)| s1 * inv_d);
+        let mgx = sums.map(|(_, s2)| s2 * inv_d);
+        let n = d.min(gamma.len());
+        let (xr, dyr, g) = (
+            xr.map(|v| head(v, n)),
+            dyr.map(|v| head(v, n)),
+            head(gamma, n),
+        );
+        let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
+        let (mgv, mgxv) = (splats::<T, V, R>(mg), splats::<T, V, R>(mgx));
+        let dxr = rows_at_mut::<T, R>(&mut *self.dx, i, d).map(|v| {
+            let k = n.min(v.len());
+            &mut v[..k]
+        });
+        write_rows::<T, V, NT, R>(
+            dxr,
+            // SAFETY: `write_rows` passes `k + LANES <= n`; `xr[s]`,
+            // `dyr[s]` and `g` have length `n`.
+            #[inline(always)]
+            |s, k| unsafe {
+                prefetch_next(xr[s], R * d, k);
+                prefetch_next(dyr[s], R * d, k);
+                let xh = V::load_at(xr[s], k).sub(mv[s]).mul(rv[s]);
+                let g = V::load_at(dyr[s], k).mul(V::load_acc_at(g, k));
+                rv[s].mul(g.sub(mgv[s]).sub(xh.mul(mgxv[s])))
+            },
+            #[inline(always)]
+            |s, k| {
+                let xh = (wide(xr[s], k) - m[s]) * r[s];
+                let g = wide(dyr[s], k) * at(g, k);
+                r[s] * (g - mg[s] - xh * mgx[s])
+            },
+        );
     }
 }
 
@@ -641,6 +763,38 @@ mod tests {
             assert!(outputs(&x, &dy, &g, &b, d) == want, "streamed n={n} d={d}");
             set_stream_threshold(old);
             set_simd_limit(Simd::Avx512);
+        }
+    }
+
+    #[test]
+    fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
+        use crate::device::cpu::{rows_in_step, set_lockstep};
+        let mut rng = Rng::new(11);
+        // Rows inside the lockstep range: whole steps plus a remainder, a
+        // row length that is not a multiple of the lanes (unequal
+        // alignment, so the write falls back to one row at a time) and one
+        // whose rows all share an alignment.
+        for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
+            assert_eq!(rows_in_step(d * 4), ROWS_IN_STEP, "d={d}");
+            let v = |k: usize, rng: &mut Rng| -> Vec<f32> {
+                (0..k).map(|_| (rng.normal() * 2.0 - 0.5) as f32).collect()
+            };
+            let (x, dy, g, b) = (
+                v(n * d, &mut rng),
+                v(n * d, &mut rng),
+                v(d, &mut rng),
+                v(d, &mut rng),
+            );
+            let old = stream_threshold();
+            for stream in [usize::MAX, 0] {
+                set_stream_threshold(stream);
+                set_lockstep(false);
+                let want = outputs(&x, &dy, &g, &b, d);
+                set_lockstep(true);
+                let got = outputs(&x, &dy, &g, &b, d);
+                assert!(got == want, "n={n} d={d} stream={stream}");
+            }
+            set_stream_threshold(old);
         }
     }
 
