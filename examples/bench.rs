@@ -2,13 +2,17 @@
 //!
 //! ```sh
 //! cargo run --release --example bench -- [--json] [--budget S] [--no-composed]
-//!     [--shape NxD]... [--stream-bytes B] [--no-pool] [--one-row]
+//!     [--shape NxD]... [--stream-bytes B] [--no-pool] [--one-row] [--no-runs]
+//!     [--no-ahead]
 //! ```
 //!
 //! `--stream-bytes` sets the output size from which f32 kernels use
 //! non-temporal stores (`max` turns them off); `--no-pool` turns off buffer
 //! recycling, `--one-row` runs the LayerNorm kernels a row at a time instead
-//! of four rows in lockstep, `--portable`/`--avx2` cap the SIMD build, to measure what each is worth.
+//! of four rows in lockstep, `--no-runs` walks long rows front to back,
+//! `--no-ahead` stops prefetching the next row (see `examples/ab_switches.rs`
+//! for the same switches timed side by side), `--portable`/`--avx2` cap the
+//! SIMD build, to measure what each is worth.
 use fusegrad::{bench, device};
 
 fn main() -> fusegrad::Result<()> {
@@ -22,6 +26,8 @@ fn main() -> fusegrad::Result<()> {
             "--no-composed" => composed = false,
             "--no-pool" => device::pool::set_enabled(false),
             "--one-row" => device::cpu::set_lockstep(false),
+            "--no-runs" => device::cpu::set_segmented(false),
+            "--no-ahead" => device::cpu::set_prefetch_next(false),
             "--portable" => device::cpu::set_simd_limit(device::cpu::Simd::Portable),
             "--avx2" => device::cpu::set_simd_limit(device::cpu::Simd::Avx2),
             "--budget" => budget = it.next().and_then(|v| v.parse().ok()).unwrap_or(budget),

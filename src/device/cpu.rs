@@ -67,6 +67,39 @@ pub(crate) fn each_chunk(n: usize, mut f: impl FnMut(usize, usize)) {
     }
 }
 
+/// [`each_chunk`], or, with `seg`, the row cut into [`UNROLL`] equal runs
+/// of whole chunks, walked in lockstep with run `j` going to accumulator
+/// `j` (the up to `UNROLL - 1` chunks past the runs go to accumulators 0,
+/// 1, 2, in order). One pass then reads `UNROLL` places of a long row at
+/// once, which keeps more of its reads in flight.
+#[inline(always)]
+pub(crate) fn each_chunk_in(n: usize, seg: bool, mut f: impl FnMut(usize, usize)) {
+    if !seg {
+        return each_chunk(n, f);
+    }
+    let nc = n / LANES;
+    let run = nc / UNROLL * LANES;
+    let mut i = 0;
+    while i < run {
+        f(0, i);
+        f(1, run + i);
+        f(2, 2 * run + i);
+        f(3, 3 * run + i);
+        i += LANES;
+    }
+    let r = nc % UNROLL;
+    let t = UNROLL * run;
+    if r > 0 {
+        f(0, t);
+    }
+    if r > 1 {
+        f(1, t + LANES);
+    }
+    if r > 2 {
+        f(2, t + 2 * LANES);
+    }
+}
+
 /// Sums [`UNROLL`] accumulators: lane-wise `(a0 + a1) + (a2 + a3)`, then
 /// [`Lanes::fold`].
 #[inline(always)]
@@ -99,6 +132,24 @@ pub fn rows_in_step(row_bytes: usize) -> usize {
     } else {
         1
     }
+}
+
+static SEGMENTED: AtomicBool = AtomicBool::new(true);
+
+/// Whether the LayerNorm kernels walk rows of `row_bytes` as [`UNROLL`]
+/// runs in lockstep ([`each_chunk_in`]): for rows past [`STEP_ROW_BYTES`],
+/// too long to take several at once. The runs decide which accumulator
+/// each chunk of the row goes to, so this changes the order of the row
+/// sums (still a function of the shape only).
+pub fn segmented(row_bytes: usize) -> bool {
+    SEGMENTED.load(Ordering::Relaxed) && row_bytes > *STEP_ROW_BYTES.end()
+}
+
+/// Turns [`segmented`] rows on or off (process-wide; for benchmarks that
+/// measure what it is worth). Unlike the other switches it changes the
+/// bits of the long-row results, within the usual rounding.
+pub fn set_segmented(on: bool) {
+    SEGMENTED.store(on, Ordering::Relaxed)
 }
 
 /// Turns lockstep rows on or off (process-wide; for benchmarks that
@@ -647,9 +698,48 @@ pub(crate) fn write_row<T: Element, V: Lanes<T>, const NT: bool>(
 /// read streams `v` pulls from) are in flight at once rather than one. Each
 /// row gets exactly what [`write_row`] would write (`v(k, i)` and `s(k, i)`
 /// are row `k`'s formulas); rows of unequal length or, when streaming,
-/// unequal alignment are written one after another by [`write_row`].
+/// unequal alignment are written one after another by [`write_row`]. With
+/// `seg`, a single row is written as its [`UNROLL`] runs (see
+/// [`each_chunk_in`]) in lockstep.
 #[inline(always)]
 pub(crate) fn write_rows<T: Element, V: Lanes<T>, const NT: bool, const R: usize>(
+    dst: [&mut [T]; R],
+    seg: bool,
+    v: impl Fn(usize, usize) -> V,
+    s: impl Fn(usize, usize) -> Acc<T>,
+) {
+    let n = dst.first().map_or(0, |r| r.len());
+    let run = n / LANES / UNROLL * LANES;
+    if R == 1 && seg && run > 0 {
+        // One long row: its `UNROLL` runs in lockstep, then the rest.
+        let Some(row) = dst.into_iter().next() else {
+            return;
+        };
+        let (runs, rest) = row.split_at_mut(UNROLL * run);
+        let mut parts = runs.chunks_exact_mut(run);
+        let parts: [&mut [T]; UNROLL] = std::array::from_fn(|_| parts.next().unwrap_or_default());
+        write_lockstep::<T, V, NT, UNROLL>(
+            parts,
+            #[inline(always)]
+            |k, i| v(0, k * run + i),
+            #[inline(always)]
+            |k, i| s(0, k * run + i),
+        );
+        let t = UNROLL * run;
+        return write_row::<T, V, NT>(
+            rest,
+            #[inline(always)]
+            |i| v(0, t + i),
+            #[inline(always)]
+            |i| s(0, t + i),
+        );
+    }
+    write_lockstep::<T, V, NT, R>(dst, v, s)
+}
+
+/// [`write_rows`] without runs.
+#[inline(always)]
+fn write_lockstep<T: Element, V: Lanes<T>, const NT: bool, const R: usize>(
     dst: [&mut [T]; R],
     v: impl Fn(usize, usize) -> V,
     s: impl Fn(usize, usize) -> Acc<T>,
