@@ -10,9 +10,13 @@
 //!
 //! The kernels compute in [`Lanes`] of [`LANES`] values; a row sum runs in
 //! [`UNROLL`] accumulators (chunk `k` of the row into accumulator
-//! `k % UNROLL`), added lane-wise and folded pairwise at the end of the row
-//! ([`fold_all`]); elements past the last whole chunk are added after the
-//! fold, in order. Each task runs through [`dispatch`], which picks an
+//! `k % UNROLL`, or, for forward rows past 64 KiB, run `j` of [`UNROLL`]
+//! equal runs into accumulator `j`: [`segmented`]), added lane-wise and
+//! folded pairwise at the end of the row ([`fold_all`]); elements past the
+//! last whole chunk are added after the fold, in order. Rows of 16-64 KiB
+//! are taken [`ROWS_IN_STEP`] at a time in lockstep ([`rows_in_step`]),
+//! which changes no bits: each row keeps its own accumulators, and the
+//! dgamma/dbeta partials still add the rows in row order. Each task runs through [`dispatch`], which picks an
 //! AVX-512, AVX2 or plain-Rust build for f32 (plain Rust for the other
 //! types); all do the same IEEE operations in the same order, so they give
 //! the same bits. 16-bit elements are widened to `T::Acc` (f32) on load and
