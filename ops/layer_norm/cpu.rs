@@ -281,7 +281,9 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
                 seg,
                 #[inline(always)]
                 |k, i| unsafe {
-                    prefetch_next(xr[k], R * d, i);
+                    if NT {
+                        prefetch_next(xr[k], R * d, i);
+                    }
                     xhat_at(xr[k], i, mv[k], rv[k])
                         .mul(V::load_acc_at(g, i))
                         .add(V::load_acc_at(b, i))
@@ -295,7 +297,9 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
                 seg,
                 #[inline(always)]
                 |k, i| unsafe {
-                    prefetch_next(xr[k], R * d, i);
+                    if NT {
+                        prefetch_next(xr[k], R * d, i);
+                    }
                     xhat_at(xr[k], i, mv[k], rv[k]).mul(V::load_acc_at(g, i))
                 },
                 #[inline(always)]
@@ -307,7 +311,9 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
                 seg,
                 #[inline(always)]
                 |k, i| unsafe {
-                    prefetch_next(xr[k], R * d, i);
+                    if NT {
+                        prefetch_next(xr[k], R * d, i);
+                    }
                     xhat_at(xr[k], i, mv[k], rv[k]).add(V::load_acc_at(b, i))
                 },
                 #[inline(always)]
@@ -319,7 +325,9 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
                 seg,
                 #[inline(always)]
                 |k, i| unsafe {
-                    prefetch_next(xr[k], R * d, i);
+                    if NT {
+                        prefetch_next(xr[k], R * d, i);
+                    }
                     xhat_at(xr[k], i, mv[k], rv[k])
                 },
                 #[inline(always)]
@@ -570,9 +578,12 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'_, T, DX, P
             let k = n.min(v.len());
             &mut v[..k]
         });
-        // The next rows' `x` and `dy` would not fit in L2 beside this
-        // row's, `gamma` and the partials: measured 80 -> 87 ms at 65536.
-        let ahead = d * std::mem::size_of::<T>() <= *STEP_ROW_BYTES.end();
+        // Only for outputs large enough to stream (smaller data is in
+        // cache anyway, and the prefetches cost 5-10% at 512 x 2048); not
+        // for rows past 64 KiB, whose next `x` and `dy` would not fit in L2
+        // beside this row's, `gamma` and the partials (80 -> 87 ms at
+        // 2048 x 65536).
+        let ahead = NT && d * std::mem::size_of::<T>() <= *STEP_ROW_BYTES.end();
         write_rows::<T, V, NT, R>(
             dxr,
             false,
