@@ -272,68 +272,39 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
         });
         let (g, b) = (head(self.gamma, n), head(self.beta, n));
         let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
-        // SAFETY (the unchecked loads below): `write_rows` passes
-        // `i + LANES <= n`, and `xr[k]`, `g`, `b` have length `n` (when
-        // present).
-        if G && B {
-            write_rows::<T, V, NT, R>(
-                yr,
-                seg,
-                #[inline(always)]
-                |k, i| unsafe {
-                    if NT {
-                        prefetch_next(xr[k], R * d, i);
-                    }
-                    xhat_at(xr[k], i, mv[k], rv[k])
-                        .mul(V::load_acc_at(g, i))
-                        .add(V::load_acc_at(b, i))
-                },
-                #[inline(always)]
-                |k, i| xhat_one(xr[k], i, m[k], r[k]) * at(g, i) + at(b, i),
-            );
-        } else if G {
-            write_rows::<T, V, NT, R>(
-                yr,
-                seg,
-                #[inline(always)]
-                |k, i| unsafe {
-                    if NT {
-                        prefetch_next(xr[k], R * d, i);
-                    }
-                    xhat_at(xr[k], i, mv[k], rv[k]).mul(V::load_acc_at(g, i))
-                },
-                #[inline(always)]
-                |k, i| xhat_one(xr[k], i, m[k], r[k]) * at(g, i),
-            );
-        } else if B {
-            write_rows::<T, V, NT, R>(
-                yr,
-                seg,
-                #[inline(always)]
-                |k, i| unsafe {
-                    if NT {
-                        prefetch_next(xr[k], R * d, i);
-                    }
-                    xhat_at(xr[k], i, mv[k], rv[k]).add(V::load_acc_at(b, i))
-                },
-                #[inline(always)]
-                |k, i| xhat_one(xr[k], i, m[k], r[k]) + at(b, i),
-            );
-        } else {
-            write_rows::<T, V, NT, R>(
-                yr,
-                seg,
-                #[inline(always)]
-                |k, i| unsafe {
-                    if NT {
-                        prefetch_next(xr[k], R * d, i);
-                    }
-                    xhat_at(xr[k], i, mv[k], rv[k])
-                },
-                #[inline(always)]
-                |k, i| xhat_one(xr[k], i, m[k], r[k]),
-            );
-        }
+        // `G` and `B` are constants: each build keeps only its terms, in
+        // the order `xhat * g + b`.
+        write_rows::<T, V, NT, R>(
+            yr,
+            seg,
+            // SAFETY: `write_rows` passes `i + LANES <= n`, and `xr[k]`,
+            // `g`, `b` have length `n` (when present).
+            #[inline(always)]
+            |k, i| unsafe {
+                if NT {
+                    prefetch_next(xr[k], R * d, i);
+                }
+                let mut v = xhat_at(xr[k], i, mv[k], rv[k]);
+                if G {
+                    v = v.mul(V::load_acc_at(g, i));
+                }
+                if B {
+                    v = v.add(V::load_acc_at(b, i));
+                }
+                v
+            },
+            #[inline(always)]
+            |k, i| {
+                let mut v = xhat_one(xr[k], i, m[k], r[k]);
+                if G {
+                    v *= at(g, i);
+                }
+                if B {
+                    v += at(b, i);
+                }
+                v
+            },
+        );
     }
 }
 
