@@ -33,9 +33,9 @@
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    dispatch, each_chunk, each_chunk_in, fence, fold_all, prefetch, prefetch_next, rows_in_step,
-    rows_per_chunk, segmented, should_stream, write_rows, Kernel, Lanes, ROWS_IN_STEP,
-    STEP_ROW_BYTES, UNROLL,
+    dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, prefetch, prefetch_next,
+    rows_in_step, rows_per_chunk, segmented, should_stream, write_rows, Kernel, Lanes,
+    ROWS_IN_STEP, STEP_ROW_BYTES, UNROLL,
 };
 use crate::dtype::{Accum, Element};
 use crate::tensor::Tensor;
@@ -639,11 +639,7 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             d,
         })
         .collect();
-    if jobs.len() <= 1 {
-        jobs.into_iter().map(dispatch).collect()
-    } else {
-        jobs.into_par_iter().map(dispatch).collect()
-    }
+    dispatch_all(jobs)
 }
 
 /// LayerNorm backward. `gamma` of `None` means the identity scale.

@@ -6,8 +6,8 @@
 //! thread count and instruction set. Sums run in 8 lanes, in `T::Acc`.
 
 use crate::device::cpu::{
-    dispatch, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream, write_row,
-    Kernel, Lanes, UNROLL,
+    dispatch, dispatch_all, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream,
+    write_row, Kernel, Lanes, UNROLL,
 };
 use crate::dtype::Element;
 use crate::ops::layer_norm::cpu::{
@@ -298,11 +298,7 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             d,
         })
         .collect();
-    if jobs.len() <= 1 {
-        jobs.into_iter().map(dispatch).collect()
-    } else {
-        jobs.into_par_iter().map(dispatch).collect()
-    }
+    dispatch_all(jobs)
 }
 
 /// RMSNorm backward: `(dx, dgamma)`, `None` where not asked for.

@@ -650,6 +650,20 @@ pub(crate) fn dispatch<T: Element, K: Kernel<T>>(k: K) -> K::Output {
     k.run::<Portable<T>>()
 }
 
+/// Runs each job through [`dispatch`], in parallel when there are several,
+/// and returns their outputs in job order.
+pub(crate) fn dispatch_all<T: Element, K: Kernel<T> + Send>(jobs: Vec<K>) -> Vec<K::Output>
+where
+    K::Output: Send,
+{
+    use rayon::prelude::*;
+    if jobs.len() <= 1 {
+        jobs.into_iter().map(dispatch).collect()
+    } else {
+        jobs.into_par_iter().map(dispatch).collect()
+    }
+}
+
 /// Writes one output row: each whole group of [`LANES`] from `v(i)` (the
 /// group `dst[i..i + LANES]`), the rest one by one from `s(i)`, which must
 /// compute the same formula in scalars, so the bits do not depend on where
