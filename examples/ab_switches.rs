@@ -5,6 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --example ab_switches -- [--reps R] [--shape NxD]...
+//!     [--switch NAME]   # only the switches whose name contains NAME
 //! ```
 use fusegrad::device::cpu;
 use fusegrad::ops;
@@ -40,12 +41,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> fusegrad::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut reps, mut shapes) = (15usize, Vec::new());
+    let (mut reps, mut shapes, mut only) = (15usize, Vec::new(), String::new());
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().map(String::as_str).unwrap_or("");
         match a.as_str() {
             "--reps" => reps = v.parse().unwrap_or(reps),
+            "--switch" => only = v.to_string(),
             "--shape" => match v.split_once('x').map(|(n, d)| (n.parse(), d.parse())) {
                 Some((Ok(n), Ok(d))) => shapes.push((n, d)),
                 _ => eprintln!("bad --shape {v:?}, want NxD"),
@@ -76,7 +78,7 @@ fn main() -> fusegrad::Result<()> {
             let y = ops::layer_norm(&xv, Some(&gv), Some(&bv), 1e-5)?;
             y.backward_with(&dy).map(|_| ())
         };
-        for (name, set) in SWITCHES {
+        for (name, set) in SWITCHES.into_iter().filter(|(n, _)| n.contains(&only)) {
             let mut t = [Vec::new(), Vec::new()];
             for _ in 0..reps {
                 for on in [false, true] {
