@@ -1,7 +1,8 @@
 //! Interleaved A/B of the LayerNorm kernel switches, one shape at a time:
 //! each rep times the fused forward and backward with a switch off, then
-//! on, then a plain copy, so a slow spell on a shared machine hits both
-//! sides alike. Prints medians and the on/off ratio of fwd+bwd time.
+//! on, so a slow spell on a shared machine hits both sides alike. Prints
+//! the medians of fwd+bwd time and the on/off ratios of fwd+bwd, of the
+//! forward alone and of the backward alone.
 //!
 //! ```sh
 //! cargo run --release --example ab_switches -- [--reps R] [--shape NxD]...
@@ -15,10 +16,11 @@ use std::time::Instant;
 
 type Switch = (&'static str, fn(bool));
 
-const SWITCHES: [Switch; 4] = [
+const SWITCHES: [Switch; 5] = [
     ("lockstep rows", cpu::set_lockstep),
     ("runs of long rows", cpu::set_segmented),
     ("prefetch next row", cpu::set_prefetch_next),
+    ("overlap passes", cpu::set_overlap),
     ("streaming stores", |on| {
         cpu::set_stream_threshold(if on {
             cpu::DEFAULT_STREAM_BYTES
@@ -27,12 +29,6 @@ const SWITCHES: [Switch; 4] = [
         })
     }),
 ];
-
-fn secs(f: impl FnOnce()) -> f64 {
-    let s = Instant::now();
-    f();
-    s.elapsed().as_secs_f64()
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -58,7 +54,7 @@ fn main() -> fusegrad::Result<()> {
     if shapes.is_empty() {
         shapes = vec![(8192, 4096), (1024, 16384), (2048, 65536), (4096, 768)];
     }
-    println!("shape           switch               off ms    on ms   on/off");
+    println!("shape           switch               off ms    on ms   on/off      fwd      bwd");
     for (n, d) in shapes {
         let xs: Vec<f32> = (0..n * d)
             .map(|i| ((i * 7919) % 997) as f32 * 0.01)
@@ -68,7 +64,9 @@ fn main() -> fusegrad::Result<()> {
         let dy = Tensor::from_vec(vec![n, d], dys)?;
         let g = Tensor::from_vec(vec![d], vec![1.5f32; d])?;
         let b = Tensor::from_vec(vec![d], vec![0.5f32; d])?;
-        let step = || -> fusegrad::Result<()> {
+        // One training step, timed as (forward, backward).
+        let step = || -> fusegrad::Result<[f64; 2]> {
+            let s = Instant::now();
             let tape = Tape::new();
             let (xv, gv, bv) = (
                 tape.var(x.clone()),
@@ -76,25 +74,33 @@ fn main() -> fusegrad::Result<()> {
                 tape.var(b.clone()),
             );
             let y = ops::layer_norm(&xv, Some(&gv), Some(&bv), 1e-5)?;
-            y.backward_with(&dy).map(|_| ())
+            let f = s.elapsed().as_secs_f64();
+            let s = Instant::now();
+            y.backward_with(&dy)?;
+            Ok([f, s.elapsed().as_secs_f64()])
         };
         for (name, set) in SWITCHES.into_iter().filter(|(n, _)| n.contains(&only)) {
-            let mut t = [Vec::new(), Vec::new()];
+            // t[on][0 fwd, 1 bwd, 2 both]
+            let mut t: [[Vec<f64>; 3]; 2] = Default::default();
             for _ in 0..reps {
                 for on in [false, true] {
                     set(on);
-                    let mut r = Ok(());
-                    t[on as usize].push(secs(|| r = step()));
-                    r?;
+                    let [f, b] = step()?;
+                    for (k, v) in [f, b, f + b].into_iter().enumerate() {
+                        t[on as usize][k].push(v);
+                    }
                 }
             }
             set(true);
-            let (off, on) = (median(t[0].clone()), median(t[1].clone()));
+            let m: [[f64; 3]; 2] =
+                std::array::from_fn(|o| std::array::from_fn(|k| median(t[o][k].clone())));
             println!(
-                "{n:>6} x {d:<6} {name:<20} {:>8.3} {:>8.3} {:>8.3}",
-                off * 1e3,
-                on * 1e3,
-                on / off
+                "{n:>6} x {d:<6} {name:<20} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
+                m[0][2] * 1e3,
+                m[1][2] * 1e3,
+                m[1][2] / m[0][2],
+                m[1][0] / m[0][0],
+                m[1][1] / m[0][1],
             );
         }
     }

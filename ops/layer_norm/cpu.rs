@@ -33,9 +33,9 @@
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, prefetch, prefetch_next,
-    rows_in_step, rows_per_chunk, segmented, should_stream, write_rows, Kernel, Lanes,
-    ROWS_IN_STEP, STEP_ROW_BYTES, UNROLL,
+    dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, overlap, prefetch,
+    prefetch_next, rows_in_step, rows_per_chunk, segmented, should_stream, write_rows,
+    write_rows_with, Kernel, Lanes, ROWS_IN_STEP, STEP_ROW_BYTES, UNROLL,
 };
 use crate::dtype::{Accum, Element};
 use crate::tensor::Tensor;
@@ -86,44 +86,81 @@ pub(crate) fn wide<T: Element>(s: &[T], i: usize) -> Acc<T> {
 }
 
 /// Means of `R` rows (advanced in lockstep), each shifted by its first
-/// element: `mean = x0 + sum(x - x0) / d`.
+/// element: `mean = x0 + sum(x - x0) / d`. [`MeanPass::chunk`] adds one
+/// chunk (as [`each_chunk_in`] hands them out), [`MeanPass::finish`] folds
+/// and adds the elements past the last whole chunk, in order.
 ///
 /// The shift makes a constant row's mean exact (so its variance is exactly
 /// 0) and, for rows with a large common offset, keeps the summands as small
 /// as the spread instead of the offset. Each row's sum runs in the same
 /// accumulators in the same order whatever `R` is.
-#[inline(always)]
-fn rows_mean<T: Element, V: Lanes<T>, const R: usize>(x: [&[T]; R], seg: bool) -> [Acc<T>; R] {
-    let zero = Acc::<T>::zero();
-    let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-    if n == 0 {
-        return [zero; R];
-    }
-    let x = x.map(|r| head(r, n));
-    let x0 = x.map(|r| r.first().map_or(zero, |v| v.to_acc()));
-    let v0 = splats::<T, V, R>(x0);
-    let mut acc = [[V::splat(zero); UNROLL]; R];
-    each_chunk_in(
-        n,
-        seg,
-        #[inline(always)]
-        |j, i| {
-            for s in 0..R {
-                prefetch(x[s], i);
-                // SAFETY: `each_chunk` passes `i + LANES <= n`.
-                acc[s][j] = acc[s][j].add(unsafe { V::load_at(x[s], i) }.sub(v0[s]));
-            }
-        },
-    );
-    let mut out = [zero; R];
-    for s in 0..R {
-        let mut t = fold_all(acc[s]);
-        for v in x[s].as_chunks::<LANES>().1 {
-            t += v.to_acc() - x0[s];
+struct MeanPass<'a, T: Element, V: Lanes<T>, const R: usize> {
+    x: [&'a [T]; R],
+    x0: [Acc<T>; R],
+    v0: [V; R],
+    acc: [[V; UNROLL]; R],
+    /// Elements per row (every row is at least this long).
+    n: usize,
+}
+
+impl<'a, T: Element, V: Lanes<T>, const R: usize> MeanPass<'a, T, V, R> {
+    #[inline(always)]
+    fn new(x: [&'a [T]; R]) -> Self {
+        let zero = Acc::<T>::zero();
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+        let x = x.map(|r| head(r, n));
+        let x0 = x.map(|r| r.first().map_or(zero, |v| v.to_acc()));
+        MeanPass {
+            x,
+            x0,
+            v0: splats::<T, V, R>(x0),
+            acc: [[V::splat(zero); UNROLL]; R],
+            n,
         }
-        out[s] = x0[s] + t / count(n);
     }
-    out
+
+    /// The chunk at `i` into accumulator `j`.
+    ///
+    /// # Safety
+    /// `i + LANES <= self.n`.
+    #[inline(always)]
+    unsafe fn chunk(&mut self, j: usize, i: usize) {
+        for s in 0..R {
+            prefetch(self.x[s], i);
+            // SAFETY: the caller's contract; every row is `n` long.
+            let v = unsafe { V::load_at(self.x[s], i) };
+            self.acc[s][j] = self.acc[s][j].add(v.sub(self.v0[s]));
+        }
+    }
+
+    #[inline(always)]
+    fn finish(self) -> [Acc<T>; R] {
+        let mut out = [Acc::<T>::zero(); R];
+        if self.n == 0 {
+            return out;
+        }
+        for (s, o) in out.iter_mut().enumerate() {
+            let mut t = fold_all(self.acc[s]);
+            for v in self.x[s].as_chunks::<LANES>().1 {
+                t += v.to_acc() - self.x0[s];
+            }
+            *o = self.x0[s] + t / count(self.n);
+        }
+        out
+    }
+
+    /// The whole pass (`seg` as in [`each_chunk_in`]).
+    #[inline(always)]
+    fn run(mut self, seg: bool) -> [Acc<T>; R] {
+        each_chunk_in(
+            self.n,
+            seg,
+            // SAFETY: `each_chunk_in` passes `i + LANES <= n`.
+            #[inline(always)]
+            |j, i| unsafe { self.chunk(j, i) },
+        );
+        self.finish()
+    }
 }
 
 /// `sum((x - m)^2)` over each of `R` rows: the second of the two passes.
@@ -228,20 +265,28 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd
     type Output = ();
 
     /// Per row: statistics, then `y = (x - m) * rstd * g + b`; the rows go
-    /// [`rows_in_step`] at a time, the last few one by one.
+    /// [`rows_in_step`] at a time, the last few one by one. Where the next
+    /// rows exist (and rows are not [`segmented`]), their mean pass runs
+    /// inside this rows' output pass ([`write_rows_with`]), so `x` streams
+    /// in while `y` streams out.
     #[inline(always)]
     fn run<V: Lanes<T>>(mut self) {
         let n = self.mean.len().min(self.rstd.len());
         let n = n.min(self.x.len() / self.d.max(1));
+        let row_bytes = self.d * std::mem::size_of::<T>();
+        let fuse = NT && overlap(row_bytes) && !segmented(row_bytes);
         let mut i = 0;
-        if rows_in_step(self.d * std::mem::size_of::<T>()) == ROWS_IN_STEP {
+        if rows_in_step(row_bytes) == ROWS_IN_STEP {
+            let mut means = None;
             while i + ROWS_IN_STEP <= n {
-                self.rows::<V, ROWS_IN_STEP>(i);
+                let next = fuse && i + 2 * ROWS_IN_STEP <= n;
+                means = self.rows::<V, ROWS_IN_STEP>(i, means, next);
                 i += ROWS_IN_STEP;
             }
         }
+        let mut means = None;
         while i < n {
-            self.rows::<V, 1>(i);
+            means = self.rows::<V, 1>(i, means, fuse && i + 1 < n);
             i += 1;
         }
         fence::<NT>();
@@ -249,13 +294,21 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd
 }
 
 impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, NT> {
-    /// Rows `i..i + R`, in lockstep.
+    /// Rows `i..i + R`, in lockstep: the mean pass (unless `means` has it
+    /// already), the variance pass, then the output pass; with `next`, the
+    /// mean pass of rows `i + R..i + 2R` runs inside the output pass, and
+    /// its means are returned.
     #[inline(always)]
-    fn rows<V: Lanes<T>, const R: usize>(&mut self, i: usize) {
+    fn rows<V: Lanes<T>, const R: usize>(
+        &mut self,
+        i: usize,
+        means: Option<[Acc<T>; R]>,
+        next: bool,
+    ) -> Option<[Acc<T>; R]> {
         let (d, eps) = (self.d, self.eps);
         let xr = rows_at::<T, R>(self.x, i, d);
         let seg = R == 1 && segmented(d * std::mem::size_of::<T>());
-        let m = rows_mean::<T, V, R>(xr, seg);
+        let m = means.unwrap_or_else(|| MeanPass::<T, V, R>::new(xr).run(seg));
         let sq = rows_sq_dev::<T, V, R>(xr, m, seg);
         let r = sq.map(|q| Acc::<T>::one() / (q / count(d) + eps).sqrt());
         for s in 0..R {
@@ -273,15 +326,16 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
         let (g, b) = (head(self.gamma, n), head(self.beta, n));
         let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
         // `G` and `B` are constants: each build keeps only its terms, in
-        // the order `xhat * g + b`.
-        write_rows::<T, V, NT, R>(
-            yr,
-            seg,
-            // SAFETY: `write_rows` passes `i + LANES <= n`, and `xr[k]`,
-            // `g`, `b` have length `n` (when present).
+        // the order `xhat * g + b`. The next rows are fetched a row ahead
+        // only where `y` is streamed, and not when their mean pass runs
+        // alongside (it reads them).
+        let ahead = NT && !next;
+        let (v, sc) = (
+            // SAFETY: the writers pass `i + LANES <= n`, and `xr[k]`, `g`,
+            // `b` have length `n` (when present).
             #[inline(always)]
-            |k, i| unsafe {
-                if NT {
+            |k: usize, i: usize| unsafe {
+                if ahead {
                     prefetch_next(xr[k], R * d, i);
                 }
                 let mut v = xhat_at(xr[k], i, mv[k], rv[k]);
@@ -294,7 +348,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
                 v
             },
             #[inline(always)]
-            |k, i| {
+            |k: usize, i: usize| {
                 let mut v = xhat_one(xr[k], i, m[k], r[k]);
                 if G {
                     v *= at(g, i);
@@ -305,6 +359,22 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
                 v
             },
         );
+        if !next {
+            write_rows::<T, V, NT, R>(yr, seg, v, sc);
+            return None;
+        }
+        let mut a = MeanPass::<T, V, R>::new(rows_at::<T, R>(self.x, i + R, d));
+        write_rows_with::<T, V, NT, R>(
+            yr,
+            v,
+            sc,
+            a.n,
+            // SAFETY: `write_rows_with` calls this as `each_chunk(a.n, ..)`
+            // would, so `k + LANES <= a.n`.
+            #[inline(always)]
+            |j, k| unsafe { a.chunk(j, k) },
+        );
+        Some(a.finish())
     }
 }
 
@@ -386,87 +456,139 @@ pub(crate) fn forward<T: Element>(
 }
 
 /// Pass A of `R` backward rows in lockstep (reads `x`, `dy` from memory):
-/// `xhat = (x - m) * r`, `g = dy * gamma`, and returns each row's sums of
-/// `g` and `g * xhat` (if `DX`); adds the partials `pg += dy * xhat`,
-/// `pb += dy` (if `P`), row after row, so each partial sees the rows in
-/// row order whatever `R` is. Elements past the last whole group of lanes
-/// are added, in order, after the fold.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn bwd_sums<T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>(
-    x: [&[T]; R],
-    dy: [&[T]; R],
-    gamma: &[Acc<T>],
+/// `xhat = (x - m) * r`, `g = dy * gamma`; sums `g` and `g * xhat` per row
+/// (if `DX`) and adds the partials `pg += dy * xhat`, `pb += dy` (if `P`),
+/// row after row, so each partial sees the rows in row order whatever `R`
+/// is. [`PassA::chunk`] does one chunk (as [`each_chunk`] hands them out),
+/// [`PassA::finish`] folds and adds the elements past the last whole chunk,
+/// in order.
+struct PassA<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize> {
+    x: [&'a [T]; R],
+    dy: [&'a [T]; R],
+    gamma: &'a [Acc<T>],
     m: [Acc<T>; R],
     r: [Acc<T>; R],
-    pg: &mut [Acc<T>],
-    pb: &mut [Acc<T>],
-) -> [(Acc<T>, Acc<T>); R] {
-    let zero = V::splat(Acc::<T>::zero());
-    let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
-    let (mut s1, mut s2) = ([[zero; UNROLL]; R], [[zero; UNROLL]; R]);
-    let n = x.iter().chain(&dy).map(|v| v.len()).min().unwrap_or(0);
-    let n = n.min(gamma.len());
-    let n = if P { n.min(pg.len()).min(pb.len()) } else { n };
-    let (x, dy) = (x.map(|v| head(v, n)), dy.map(|v| head(v, n)));
-    each_chunk(
-        n,
-        #[inline(always)]
-        |j, i| {
-            // SAFETY: `each_chunk` passes `i + LANES <= n`, and every slice
-            // read or written here is at least `n` long.
-            unsafe {
-                let gam = V::load_acc_at(gamma, i);
-                let (mut pgv, mut pbv) = (zero, zero);
-                if P {
-                    (pgv, pbv) = (V::load_acc_at(pg, i), V::load_acc_at(pb, i));
-                }
-                for s in 0..R {
-                    prefetch(x[s], i);
-                    prefetch(dy[s], i);
-                    let xh = V::load_at(x[s], i).sub(mv[s]).mul(rv[s]);
-                    let dyv = V::load_at(dy[s], i);
-                    let g = dyv.mul(gam);
-                    if DX {
-                        s1[s][j] = s1[s][j].add(g);
-                        s2[s][j] = s2[s][j].add(g.mul(xh));
-                    }
-                    if P {
-                        pgv = pgv.add(dyv.mul(xh));
-                        pbv = pbv.add(dyv);
-                    }
-                }
-                if P {
-                    pgv.store_acc_at(pg, i);
-                    pbv.store_acc_at(pb, i);
-                }
+    mv: [V; R],
+    rv: [V; R],
+    s1: [[V; UNROLL]; R],
+    s2: [[V; UNROLL]; R],
+    /// Elements per row that pass A covers (every slice is at least this
+    /// long).
+    n: usize,
+}
+
+impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
+    PassA<'a, T, V, DX, P, R>
+{
+    #[inline(always)]
+    fn new(
+        x: [&'a [T]; R],
+        dy: [&'a [T]; R],
+        gamma: &'a [Acc<T>],
+        (m, r): ([Acc<T>; R], [Acc<T>; R]),
+        (pg, pb): (&[Acc<T>], &[Acc<T>]),
+    ) -> Self {
+        let zero = V::splat(Acc::<T>::zero());
+        let n = x.iter().chain(&dy).map(|v| v.len()).min().unwrap_or(0);
+        let n = n.min(gamma.len());
+        let n = if P { n.min(pg.len()).min(pb.len()) } else { n };
+        PassA {
+            x: x.map(|v| head(v, n)),
+            dy: dy.map(|v| head(v, n)),
+            gamma,
+            m,
+            r,
+            mv: splats::<T, V, R>(m),
+            rv: splats::<T, V, R>(r),
+            s1: [[zero; UNROLL]; R],
+            s2: [[zero; UNROLL]; R],
+            n,
+        }
+    }
+
+    /// The chunk at `i` into accumulator `j`.
+    ///
+    /// # Safety
+    /// `i + LANES <= self.n`, and `pg`, `pb` (if `P`) at least `self.n`
+    /// long.
+    #[inline(always)]
+    unsafe fn chunk(&mut self, pg: &mut [Acc<T>], pb: &mut [Acc<T>], j: usize, i: usize) {
+        let zero = V::splat(Acc::<T>::zero());
+        // SAFETY: the caller's contract; every slice read or written here
+        // is at least `n` long.
+        unsafe {
+            let gam = V::load_acc_at(self.gamma, i);
+            let (mut pgv, mut pbv) = (zero, zero);
+            if P {
+                (pgv, pbv) = (V::load_acc_at(pg, i), V::load_acc_at(pb, i));
             }
-        },
-    );
-    let t = n / LANES * LANES;
-    let mut out = [(Acc::<T>::zero(), Acc::<T>::zero()); R];
-    for s in 0..R {
-        let (mut a1, mut a2) = (fold_all(s1[s]), fold_all(s2[s]));
-        let (m, r) = (m[s], r[s]);
-        for k in t..n {
-            let xh = (wide(x[s], k) - m) * r;
-            let dyv = wide(dy[s], k);
-            let g = dyv * at(gamma, k);
-            if DX {
-                a1 += g;
-                a2 += g * xh;
+            for s in 0..R {
+                prefetch(self.x[s], i);
+                prefetch(self.dy[s], i);
+                let xh = V::load_at(self.x[s], i).sub(self.mv[s]).mul(self.rv[s]);
+                let dyv = V::load_at(self.dy[s], i);
+                let g = dyv.mul(gam);
+                if DX {
+                    self.s1[s][j] = self.s1[s][j].add(g);
+                    self.s2[s][j] = self.s2[s][j].add(g.mul(xh));
+                }
+                if P {
+                    pgv = pgv.add(dyv.mul(xh));
+                    pbv = pbv.add(dyv);
+                }
             }
             if P {
-                if let (Some(pgv), Some(pbv)) = (pg.get_mut(k), pb.get_mut(k)) {
-                    *pgv += dyv * xh;
-                    *pbv += dyv;
-                }
+                pgv.store_acc_at(pg, i);
+                pbv.store_acc_at(pb, i);
             }
         }
-        out[s] = (a1, a2);
     }
-    out
+
+    /// Per row, the sums of `g` and `g * xhat` (zero unless `DX`).
+    #[inline(always)]
+    fn finish(self, pg: &mut [Acc<T>], pb: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
+        let (n, gamma) = (self.n, self.gamma);
+        let t = n / LANES * LANES;
+        let mut out = [(Acc::<T>::zero(), Acc::<T>::zero()); R];
+        for (s, o) in out.iter_mut().enumerate() {
+            let (mut a1, mut a2) = (fold_all(self.s1[s]), fold_all(self.s2[s]));
+            let (m, r) = (self.m[s], self.r[s]);
+            for k in t..n {
+                let xh = (wide(self.x[s], k) - m) * r;
+                let dyv = wide(self.dy[s], k);
+                let g = dyv * at(gamma, k);
+                if DX {
+                    a1 += g;
+                    a2 += g * xh;
+                }
+                if P {
+                    if let (Some(pgv), Some(pbv)) = (pg.get_mut(k), pb.get_mut(k)) {
+                        *pgv += dyv * xh;
+                        *pbv += dyv;
+                    }
+                }
+            }
+            *o = (a1, a2);
+        }
+        out
+    }
+
+    /// The whole pass.
+    #[inline(always)]
+    fn run(mut self, pg: &mut [Acc<T>], pb: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
+        each_chunk(
+            self.n,
+            // SAFETY: `each_chunk` passes `i + LANES <= n`; `new` made
+            // `pg`, `pb` at least `n` long when `P`.
+            #[inline(always)]
+            |j, i| unsafe { self.chunk(pg, pb, j, i) },
+        );
+        self.finish(pg, pb)
+    }
 }
+
+/// Row sums from pass A, `(sum g, sum g * xhat)` per row.
+type Sums<T, const R: usize> = [(Acc<T>, Acc<T>); R];
 
 /// One backward task: a group of consecutive rows, their `dx` (empty unless
 /// `DX`) and, if `P`, a fresh partial row `[pg | pb]` of `2d` that it
@@ -486,9 +608,12 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
 {
     type Output = Vec<Acc<T>>;
 
-    /// Per row: pass A ([`bwd_sums`]), then, with the row still in cache,
+    /// Per row: pass A ([`PassA`]), then, with the row still in cache,
     /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`; the rows go
-    /// [`rows_in_step`] at a time, the last few one by one.
+    /// [`rows_in_step`] at a time, the last few one by one. Where the next
+    /// rows exist, their pass A runs inside this rows' pass B
+    /// ([`write_rows_with`]), so `x` and `dy` stream in while `dx` streams
+    /// out.
     #[inline(always)]
     fn run<V: Lanes<T>>(mut self) -> Vec<Acc<T>> {
         let d = self.d;
@@ -496,15 +621,19 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
         let (pg, pb) = part.split_at_mut(if P { d } else { 0 });
         let n = self.mean.len().min(self.rstd.len());
         let n = n.min(self.x.len().min(self.dy.len()) / d.max(1));
+        let fuse = DX && NT && overlap(d * std::mem::size_of::<T>());
         let mut i = 0;
         if rows_in_step(d * std::mem::size_of::<T>()) == ROWS_IN_STEP {
+            let mut sums = None;
             while i + ROWS_IN_STEP <= n {
-                self.rows::<V, ROWS_IN_STEP>(i, pg, pb);
+                let next = fuse && i + 2 * ROWS_IN_STEP <= n;
+                sums = self.rows::<V, ROWS_IN_STEP>(i, pg, pb, sums, next);
                 i += ROWS_IN_STEP;
             }
         }
+        let mut sums = None;
         while i < n {
-            self.rows::<V, 1>(i, pg, pb);
+            sums = self.rows::<V, 1>(i, pg, pb, sums, fuse && i + 1 < n);
             i += 1;
         }
         fence::<NT>();
@@ -512,56 +641,80 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
     }
 }
 
-impl<T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'_, T, DX, P, NT> {
-    /// Rows `i..i + R`, in lockstep.
+impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, DX, P, NT> {
+    /// Pass A's state for rows `i..i + R` (it borrows the rows, not `self`).
+    #[inline(always)]
+    fn pass_a<V: Lanes<T>, const R: usize>(
+        &self,
+        i: usize,
+        pg: &[Acc<T>],
+        pb: &[Acc<T>],
+    ) -> PassA<'a, T, V, DX, P, R> {
+        let d = self.d;
+        let stat = |v: &[Acc<T>], s: usize| v.get(i + s).copied().unwrap_or_default();
+        let m: [Acc<T>; R] = std::array::from_fn(|s| stat(self.mean, s));
+        let r: [Acc<T>; R] = std::array::from_fn(|s| stat(self.rstd, s));
+        PassA::new(
+            rows_at::<T, R>(self.x, i, d),
+            rows_at::<T, R>(self.dy, i, d),
+            self.gamma,
+            (m, r),
+            (pg, pb),
+        )
+    }
+
+    /// Rows `i..i + R`, in lockstep: pass A (unless `sums` has it already),
+    /// then pass B; with `next`, pass A of rows `i + R..i + 2R` runs inside
+    /// pass B, and its sums are returned.
     #[inline(always)]
     fn rows<V: Lanes<T>, const R: usize>(
         &mut self,
         i: usize,
         pg: &mut [Acc<T>],
         pb: &mut [Acc<T>],
-    ) {
+        sums: Option<Sums<T, R>>,
+        next: bool,
+    ) -> Option<Sums<T, R>> {
         let d = self.d;
-        let (xr, dyr) = (
-            rows_at::<T, R>(self.x, i, d),
-            rows_at::<T, R>(self.dy, i, d),
-        );
+        let sums = match sums {
+            Some(s) => s,
+            None => self.pass_a::<V, R>(i, pg, pb).run(pg, pb),
+        };
+        if !DX {
+            return None;
+        }
         let stat = |v: &[Acc<T>], s: usize| v.get(i + s).copied().unwrap_or_default();
         let m: [Acc<T>; R] = std::array::from_fn(|s| stat(self.mean, s));
         let r: [Acc<T>; R] = std::array::from_fn(|s| stat(self.rstd, s));
-        let gamma = self.gamma;
-        let sums = bwd_sums::<T, V, DX, P, R>(xr, dyr, gamma, m, r, pg, pb);
-        if !DX {
-            return;
-        }
         let inv_d = Acc::<T>::one() / count(d);
         let mg = sums.map(|(s1, _)| s1 * inv_d);
         let mgx = sums.map(|(_, s2)| s2 * inv_d);
+        let gamma = self.gamma;
         let n = d.min(gamma.len());
         let (xr, dyr, g) = (
-            xr.map(|v| head(v, n)),
-            dyr.map(|v| head(v, n)),
+            rows_at::<T, R>(self.x, i, d).map(|v| head(v, n)),
+            rows_at::<T, R>(self.dy, i, d).map(|v| head(v, n)),
             head(gamma, n),
         );
         let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
         let (mgv, mgxv) = (splats::<T, V, R>(mg), splats::<T, V, R>(mgx));
+        let a = next.then(|| self.pass_a::<V, R>(i + R, pg, pb));
         let dxr = rows_at_mut::<T, R>(&mut *self.dx, i, d).map(|v| {
             let k = n.min(v.len());
             &mut v[..k]
         });
-        // Only for outputs large enough to stream (smaller data is in
-        // cache anyway, and the prefetches cost 5-10% at 512 x 2048); not
-        // for rows past 64 KiB, whose next `x` and `dy` would not fit in L2
-        // beside this row's, `gamma` and the partials (80 -> 87 ms at
-        // 2048 x 65536).
-        let ahead = NT && d * std::mem::size_of::<T>() <= *STEP_ROW_BYTES.end();
-        write_rows::<T, V, NT, R>(
-            dxr,
-            false,
-            // SAFETY: `write_rows` passes `k + LANES <= n`; `xr[s]`,
-            // `dyr[s]` and `g` have length `n`.
+        // The next rows' `x` and `dy` are fetched a row ahead only for
+        // outputs large enough to stream (smaller data is in cache anyway,
+        // and the prefetches cost 5-10% at 512 x 2048), not for rows past
+        // 64 KiB, whose next `x` and `dy` would not fit in L2 beside this
+        // row's, `gamma` and the partials (80 -> 87 ms at 2048 x 65536), and
+        // not when the next rows' pass A runs alongside (it reads them).
+        let ahead = !next && NT && d * std::mem::size_of::<T>() <= *STEP_ROW_BYTES.end();
+        // SAFETY (both closures' loads): the writers pass `k + LANES <= n`;
+        // `xr[s]`, `dyr[s]` and `g` have length `n`.
+        let (v, sc) = (
             #[inline(always)]
-            |s, k| unsafe {
+            |s: usize, k: usize| unsafe {
                 if ahead {
                     prefetch_next(xr[s], R * d, k);
                     prefetch_next(dyr[s], R * d, k);
@@ -571,12 +724,27 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'_, T, DX, P
                 rv[s].mul(g.sub(mgv[s]).sub(xh.mul(mgxv[s])))
             },
             #[inline(always)]
-            |s, k| {
+            |s: usize, k: usize| {
                 let xh = (wide(xr[s], k) - m[s]) * r[s];
                 let g = wide(dyr[s], k) * at(g, k);
                 r[s] * (g - mg[s] - xh * mgx[s])
             },
         );
+        let Some(mut a) = a else {
+            write_rows::<T, V, NT, R>(dxr, false, v, sc);
+            return None;
+        };
+        write_rows_with::<T, V, NT, R>(
+            dxr,
+            v,
+            sc,
+            a.n,
+            // SAFETY: `write_rows_with` calls this as `each_chunk(a.n, ..)`
+            // would, so `k + LANES <= a.n`; `new` made `pg`, `pb` that long.
+            #[inline(always)]
+            |j, k| unsafe { a.chunk(pg, pb, j, k) },
+        );
+        Some(a.finish(pg, pb))
     }
 }
 
@@ -801,6 +969,45 @@ mod tests {
                 assert!(got == want, "n={n} d={d} stream={stream}");
             }
             set_stream_threshold(old);
+        }
+    }
+
+    #[test]
+    fn overlapped_passes_give_the_same_bits_as_separate_ones() {
+        let _hold = SEGMENTED.lock();
+        use crate::device::cpu::{overlap, set_overlap};
+        let mut rng = Rng::new(17);
+        // Streamed (the overlap needs it): short rows one at a time, rows
+        // in lockstep with a remainder, rows of unequal alignment (the
+        // joined loop falls back to one pass after the other), long rows
+        // (the forward keeps its runs apart; the backward overlaps), and
+        // rows too short to overlap.
+        for (n, d) in [
+            (5usize, 1000usize),
+            (4, 777),
+            (9, 4096),
+            (7, 4100),
+            (3, 20_003),
+            (6, 256),
+        ] {
+            assert_eq!(overlap(d * 4), d * 4 >= 2048, "d={d}");
+            let v = |k: usize, rng: &mut Rng| -> Vec<f32> {
+                (0..k).map(|_| (rng.normal() * 1.5 + 3.0) as f32).collect()
+            };
+            let (x, dy, g, b) = (
+                v(n * d, &mut rng),
+                v(n * d, &mut rng),
+                v(d, &mut rng),
+                v(d, &mut rng),
+            );
+            let old = stream_threshold();
+            set_stream_threshold(0);
+            set_overlap(false);
+            let want = outputs(&x, &dy, &g, &b, d);
+            set_overlap(true);
+            let got = outputs(&x, &dy, &g, &b, d);
+            set_stream_threshold(old);
+            assert!(got == want, "n={n} d={d}");
         }
     }
 
