@@ -890,6 +890,21 @@ mod tests {
         out
     }
 
+    /// Random `x`, `dy` (`n * d` each), `gamma` and `beta` (`d` each), in
+    /// that order: normals times `a` plus `b`.
+    #[allow(clippy::type_complexity)]
+    fn case(
+        rng: &mut Rng,
+        n: usize,
+        d: usize,
+        a: f64,
+        b: f64,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut v =
+            |k: usize| -> Vec<f32> { (0..k).map(|_| (rng.normal() * a + b) as f32).collect() };
+        (v(n * d), v(n * d), v(d), v(d))
+    }
+
     /// Held by the tests that flip [`set_segmented`] or depend on it
     /// staying put (it changes the bits of long rows; the other switches
     /// do not).
@@ -914,15 +929,7 @@ mod tests {
             (2, 16_400),
             (2, 20_003),
         ] {
-            let v = |k: usize, rng: &mut Rng| -> Vec<f32> {
-                (0..k).map(|_| (rng.normal() * 3.0 + 1.0) as f32).collect()
-            };
-            let (x, dy, g, b) = (
-                v(n * d, &mut rng),
-                v(n * d, &mut rng),
-                v(d, &mut rng),
-                v(d, &mut rng),
-            );
+            let (x, dy, g, b) = case(&mut rng, n, d, 3.0, 1.0);
             set_simd_limit(Simd::Portable);
             let want = outputs(&x, &dy, &g, &b, d);
             for limit in [Simd::Avx2, Simd::Avx512] {
@@ -950,15 +957,7 @@ mod tests {
         // whose rows all share an alignment.
         for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
             assert_eq!(rows_in_step(d * 4), ROWS_IN_STEP, "d={d}");
-            let v = |k: usize, rng: &mut Rng| -> Vec<f32> {
-                (0..k).map(|_| (rng.normal() * 2.0 - 0.5) as f32).collect()
-            };
-            let (x, dy, g, b) = (
-                v(n * d, &mut rng),
-                v(n * d, &mut rng),
-                v(d, &mut rng),
-                v(d, &mut rng),
-            );
+            let (x, dy, g, b) = case(&mut rng, n, d, 2.0, -0.5);
             let old = stream_threshold();
             for stream in [usize::MAX, 0] {
                 set_stream_threshold(stream);
@@ -991,15 +990,7 @@ mod tests {
             (6, 256),
         ] {
             assert_eq!(overlap(d * 4), d * 4 >= 2048, "d={d}");
-            let v = |k: usize, rng: &mut Rng| -> Vec<f32> {
-                (0..k).map(|_| (rng.normal() * 1.5 + 3.0) as f32).collect()
-            };
-            let (x, dy, g, b) = (
-                v(n * d, &mut rng),
-                v(n * d, &mut rng),
-                v(d, &mut rng),
-                v(d, &mut rng),
-            );
+            let (x, dy, g, b) = case(&mut rng, n, d, 1.5, 3.0);
             let old = stream_threshold();
             set_stream_threshold(0);
             set_overlap(false);

@@ -782,70 +782,35 @@ pub(crate) fn write_rows<T: Element, V: Lanes<T>, const NT: bool, const R: usize
     write_lockstep::<T, V, NT, R>(dst, v, s)
 }
 
-/// [`write_rows`] without runs.
+/// [`write_rows`] without runs: [`write_rows_with`] with nothing alongside
+/// (one row goes straight to [`write_row`], the tighter loop).
 #[inline(always)]
 fn write_lockstep<T: Element, V: Lanes<T>, const NT: bool, const R: usize>(
     dst: [&mut [T]; R],
     v: impl Fn(usize, usize) -> V,
     s: impl Fn(usize, usize) -> Acc<T>,
 ) {
-    let n = dst.first().map_or(0, |r| r.len());
-    let stream = NT && is_f32::<T>();
-    let head = |r: &[T]| {
-        if stream {
-            r.as_ptr().align_offset(64).min(n)
-        } else {
-            0
-        }
-    };
-    let h = dst.first().map_or(0, |r| head(r));
-    let same = dst.iter().all(|r| r.len() == n && head(r) == h);
-    if R == 1 || !same {
-        for (k, row) in dst.into_iter().enumerate() {
-            write_row::<T, V, NT>(
-                row,
-                #[inline(always)]
-                |i| v(k, i),
-                #[inline(always)]
-                |i| s(k, i),
-            );
-        }
-        return;
+    if R == 1 {
+        return write_each::<T, V, NT, R>(dst, v, s);
     }
-    let mut parts = dst.map(|r| r.split_at_mut(h));
-    for (k, (first, _)) in parts.iter_mut().enumerate() {
-        for (i, e) in first.iter_mut().enumerate() {
-            *e = T::from_acc(s(k, i));
-        }
-    }
-    let mut rows = parts.map(|(_, rest)| rest.as_chunks_mut::<LANES>());
-    let groups = (n - h) / LANES;
-    let aligned = rows
-        .iter()
-        .all(|(b, _)| (b.as_ptr() as usize).is_multiple_of(64));
-    if stream && aligned {
-        for c in 0..groups {
-            for (k, (body, _)) in rows.iter_mut().enumerate() {
-                if let Some(d) = body.get_mut(c) {
-                    // SAFETY: every group of every body is 64-byte aligned.
-                    unsafe { v(k, h + LANES * c).stream(d) }
-                }
-            }
-        }
-    } else {
-        for c in 0..groups {
-            for (k, (body, _)) in rows.iter_mut().enumerate() {
-                if let Some(d) = body.get_mut(c) {
-                    v(k, h + LANES * c).store(d)
-                }
-            }
-        }
-    }
-    let t0 = h + LANES * groups;
-    for (k, (_, tail)) in rows.iter_mut().enumerate() {
-        for (i, e) in tail.iter_mut().enumerate() {
-            *e = T::from_acc(s(k, t0 + i));
-        }
+    write_rows_with::<T, V, NT, R>(dst, v, s, 0, |_, _| {})
+}
+
+/// [`write_row`] for each row in turn.
+#[inline(always)]
+fn write_each<T: Element, V: Lanes<T>, const NT: bool, const R: usize>(
+    dst: [&mut [T]; R],
+    v: impl Fn(usize, usize) -> V,
+    s: impl Fn(usize, usize) -> Acc<T>,
+) {
+    for (k, row) in dst.into_iter().enumerate() {
+        write_row::<T, V, NT>(
+            row,
+            #[inline(always)]
+            |i| v(k, i),
+            #[inline(always)]
+            |i| s(k, i),
+        );
     }
 }
 
@@ -873,15 +838,16 @@ pub fn overlap(row_bytes: usize) -> bool {
     OVERLAP.load(Ordering::Relaxed) && row_bytes >= OVERLAP_ROW_BYTES
 }
 
-/// [`write_lockstep`] of `R` rows, and meanwhile `also(j, i)` for each
+/// Writes `R` rows in lockstep (see [`write_rows`]), and meanwhile `also(j, i)` for each
 /// chunk of a row of `m` elements, as [`each_chunk`] would call it (same
 /// order, same `j`). The two are interleaved chunk by chunk, so a kernel
 /// can write one group of rows while it reads the next: the reads then go
 /// out to memory alongside the writes instead of in a pass of their own
 /// (the statistics pass of the next rows costs no extra time over the
-/// data). What is written, and the calls to `also`, are exactly those of
-/// `write_lockstep` and `each_chunk`; for rows of unequal length or
-/// alignment they simply run one after the other.
+/// data). What is written is what [`write_row`] writes for each row, and
+/// the calls to `also` are those of `each_chunk`; for rows of unequal
+/// length or alignment the two run one after the other, and the rows are
+/// written one by one.
 #[inline(always)]
 pub(crate) fn write_rows_with<T: Element, V: Lanes<T>, const NT: bool, const R: usize>(
     dst: [&mut [T]; R],
@@ -903,7 +869,7 @@ pub(crate) fn write_rows_with<T: Element, V: Lanes<T>, const NT: bool, const R: 
     let same = dst.iter().all(|r| r.len() == n && head(r) == h);
     if !same {
         each_chunk(m, also);
-        return write_lockstep::<T, V, NT, R>(dst, v, s);
+        return write_each::<T, V, NT, R>(dst, v, s);
     }
     let mut parts = dst.map(|r| r.split_at_mut(h));
     for (k, (first, _)) in parts.iter_mut().enumerate() {
