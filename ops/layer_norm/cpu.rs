@@ -642,6 +642,16 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
 }
 
 impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, DX, P, NT> {
+    /// The saved mean and rstd of rows `i..i + R` (zero past the end).
+    #[inline(always)]
+    fn stats<const R: usize>(&self, i: usize) -> ([Acc<T>; R], [Acc<T>; R]) {
+        let stat = |v: &[Acc<T>], s: usize| v.get(i + s).copied().unwrap_or_default();
+        (
+            std::array::from_fn(|s| stat(self.mean, s)),
+            std::array::from_fn(|s| stat(self.rstd, s)),
+        )
+    }
+
     /// Pass A's state for rows `i..i + R` (it borrows the rows, not `self`).
     #[inline(always)]
     fn pass_a<V: Lanes<T>, const R: usize>(
@@ -651,9 +661,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         pb: &[Acc<T>],
     ) -> PassA<'a, T, V, DX, P, R> {
         let d = self.d;
-        let stat = |v: &[Acc<T>], s: usize| v.get(i + s).copied().unwrap_or_default();
-        let m: [Acc<T>; R] = std::array::from_fn(|s| stat(self.mean, s));
-        let r: [Acc<T>; R] = std::array::from_fn(|s| stat(self.rstd, s));
+        let (m, r) = self.stats::<R>(i);
         PassA::new(
             rows_at::<T, R>(self.x, i, d),
             rows_at::<T, R>(self.dy, i, d),
@@ -683,9 +691,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         if !DX {
             return None;
         }
-        let stat = |v: &[Acc<T>], s: usize| v.get(i + s).copied().unwrap_or_default();
-        let m: [Acc<T>; R] = std::array::from_fn(|s| stat(self.mean, s));
-        let r: [Acc<T>; R] = std::array::from_fn(|s| stat(self.rstd, s));
+        let (m, r) = self.stats::<R>(i);
         let inv_d = Acc::<T>::one() / count(d);
         let mg = sums.map(|(s1, _)| s1 * inv_d);
         let mgx = sums.map(|(_, s2)| s2 * inv_d);
