@@ -935,6 +935,7 @@ mod counted {
     }
 
     impl Element for Counted {
+        crate::dtype::kernels!(Counted);
         type Acc = Counted;
         const NAME: &'static str = "counted";
         fn pool() -> &'static crate::device::pool::Pool<Self> {

@@ -205,7 +205,8 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
             };
             return Ok((x.clone(), state));
         }
-        let mut out = cpu::forward(xs, self.d, gs, bs, self.eps);
+        let (y, mean, rstd) = T::ln_forward(xs, self.d, gs, bs, self.eps);
+        let mut out = cpu::Forward { y, mean, rstd };
         let rows = scaled::suspect_rows(xs, self.d, Some(&out.mean), &out.rstd);
         scaled::forward_rows(
             xs,
@@ -275,17 +276,9 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 dbeta: g.dbeta,
             }
         } else {
-            cpu::backward(
-                xs,
-                dy,
-                self.d,
-                gs,
-                &s.mean,
-                &s.rstd,
-                need(0),
-                want_dg,
-                want_db,
-            )
+            let want = [need(0), want_dg, want_db];
+            let [dx, dgamma, dbeta] = T::ln_backward(xs, dy, self.d, gs, &s.mean, &s.rstd, want);
+            cpu::Backward { dx, dgamma, dbeta }
         };
         let shaped = |v: Option<Vec<T>>, shape: &[usize]| {
             v.map(|v| Tensor::from_vec(shape.to_vec(), v)).transpose()

@@ -88,7 +88,7 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
             };
             return Ok((x.clone(), state));
         }
-        let (mut y, mut rstd) = cpu::forward(xs, self.d, gs, self.eps);
+        let (mut y, mut rstd) = T::rms_forward(xs, self.d, gs, self.eps);
         let rows = scaled::suspect_rows(xs, self.d, None, &rstd);
         scaled::forward_rows(
             xs,
@@ -147,7 +147,8 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
             );
             (g.dx, g.dgamma)
         } else {
-            cpu::backward(xs, dy, self.d, gs, &s.rstd, need(0), want_dg)
+            let [dx, dg] = T::rms_backward(xs, dy, self.d, gs, &s.rstd, [need(0), want_dg]);
+            (dx, dg)
         };
         let mut grads = vec![dx
             .map(|v| Tensor::from_vec(s.x.shape().to_vec(), v))
