@@ -85,10 +85,37 @@ pub(crate) fn wide<T: Element>(s: &[T], i: usize) -> Acc<T> {
     s.get(i).map_or_else(Acc::<T>::zero, |v| v.to_acc())
 }
 
+/// A statistics pass over `R` rows of `len()` elements, chunk by chunk:
+/// [`RowPass::chunk`] adds one chunk (as [`each_chunk_in`] hands them out),
+/// [`RowPass::finish`] folds and adds the elements past the last whole
+/// chunk, in order. A joined loop calls `chunk` itself.
+trait RowPass<A, const R: usize>: Sized {
+    fn len(&self) -> usize;
+
+    /// The chunk at `i` into accumulator `j`.
+    ///
+    /// # Safety
+    /// `i + LANES <= self.len()`.
+    unsafe fn chunk(&mut self, j: usize, i: usize);
+
+    fn finish(self) -> [A; R];
+
+    /// The whole pass (`seg` as in [`each_chunk_in`]).
+    #[inline(always)]
+    fn run(mut self, seg: bool) -> [A; R] {
+        each_chunk_in(
+            self.len(),
+            seg,
+            // SAFETY: `each_chunk_in` passes `i + LANES <= len`.
+            #[inline(always)]
+            |j, i| unsafe { self.chunk(j, i) },
+        );
+        self.finish()
+    }
+}
+
 /// Means of `R` rows (advanced in lockstep), each shifted by its first
-/// element: `mean = x0 + sum(x - x0) / d`. [`MeanPass::chunk`] adds one
-/// chunk (as [`each_chunk_in`] hands them out), [`MeanPass::finish`] folds
-/// and adds the elements past the last whole chunk, in order.
+/// element: `mean = x0 + sum(x - x0) / d` (a [`RowPass`]).
 ///
 /// The shift makes a constant row's mean exact (so its variance is exactly
 /// 0) and, for rows with a large common offset, keeps the summands as small
@@ -118,11 +145,14 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> MeanPass<'a, T, V, R> {
             n,
         }
     }
+}
 
-    /// The chunk at `i` into accumulator `j`.
-    ///
-    /// # Safety
-    /// `i + LANES <= self.n`.
+impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for MeanPass<'_, T, V, R> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.n
+    }
+
     #[inline(always)]
     unsafe fn chunk(&mut self, j: usize, i: usize) {
         for s in 0..R {
@@ -148,25 +178,10 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> MeanPass<'a, T, V, R> {
         }
         out
     }
-
-    /// The whole pass (`seg` as in [`each_chunk_in`]).
-    #[inline(always)]
-    fn run(mut self, seg: bool) -> [Acc<T>; R] {
-        each_chunk_in(
-            self.n,
-            seg,
-            // SAFETY: `each_chunk_in` passes `i + LANES <= n`.
-            #[inline(always)]
-            |j, i| unsafe { self.chunk(j, i) },
-        );
-        self.finish()
-    }
 }
 
-/// `sum((x - m)^2)` over each of `R` rows: the second of the two passes,
-/// given the rows' means. [`VarPass::chunk`] adds one chunk (as
-/// [`each_chunk_in`] hands them out), [`VarPass::finish`] folds and adds the
-/// elements past the last whole chunk, in order.
+/// `sum((x - m)^2)` over each of `R` rows, given their means: the second
+/// of the two passes (a [`RowPass`]).
 struct VarPass<'a, T: Element, V: Lanes<T>, const R: usize> {
     x: [&'a [T]; R],
     m: [Acc<T>; R],
@@ -188,11 +203,14 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> VarPass<'a, T, V, R> {
             n,
         }
     }
+}
 
-    /// The chunk at `i` into accumulator `j`.
-    ///
-    /// # Safety
-    /// `i + LANES <= self.n`.
+impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for VarPass<'_, T, V, R> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.n
+    }
+
     #[inline(always)]
     unsafe fn chunk(&mut self, j: usize, i: usize) {
         for s in 0..R {
@@ -214,19 +232,6 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> VarPass<'a, T, V, R> {
             *o = t;
         }
         out
-    }
-
-    /// The whole pass (`seg` as in [`each_chunk_in`]).
-    #[inline(always)]
-    fn run(mut self, seg: bool) -> [Acc<T>; R] {
-        each_chunk_in(
-            self.n,
-            seg,
-            // SAFETY: `each_chunk_in` passes `i + LANES <= n`.
-            #[inline(always)]
-            |j, i| unsafe { self.chunk(j, i) },
-        );
-        self.finish()
     }
 }
 
