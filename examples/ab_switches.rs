@@ -16,11 +16,12 @@ use std::time::Instant;
 
 type Switch = (&'static str, fn(bool));
 
-const SWITCHES: [Switch; 5] = [
+const SWITCHES: [Switch; 6] = [
     ("lockstep rows", cpu::set_lockstep),
     ("runs of long rows", cpu::set_segmented),
     ("prefetch next row", cpu::set_prefetch_next),
     ("overlap passes", cpu::set_overlap),
+    ("paired partials", cpu::set_paired_partials),
     ("streaming stores", |on| {
         cpu::set_stream_threshold(if on {
             cpu::DEFAULT_STREAM_BYTES

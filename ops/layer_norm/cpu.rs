@@ -33,8 +33,8 @@
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, overlap, prefetch,
-    prefetch_next, rows_in_step, rows_per_chunk, segmented, should_stream, write_rows,
+    dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, overlap, paired_partials,
+    prefetch, prefetch_next, rows_in_step, rows_per_chunk, segmented, should_stream, write_rows,
     write_rows_with, Kernel, Lanes, ROWS_IN_STEP, STEP_ROW_BYTES, UNROLL,
 };
 use crate::dtype::{Accum, Element};
@@ -567,6 +567,86 @@ pub(crate) fn forward<T: Element>(
     Forward { y, mean, rstd }
 }
 
+/// Rows that pass A reads: `x`, `dy` and their saved statistics, as scalars
+/// and splatted.
+struct Rows<'a, T: Element, V: Lanes<T>, const R: usize> {
+    x: [&'a [T]; R],
+    dy: [&'a [T]; R],
+    m: [Acc<T>; R],
+    r: [Acc<T>; R],
+    mv: [V; R],
+    rv: [V; R],
+}
+
+impl<'a, T: Element, V: Lanes<T>, const R: usize> Rows<'a, T, V, R> {
+    #[inline(always)]
+    fn new(x: [&'a [T]; R], dy: [&'a [T]; R], (m, r): ([Acc<T>; R], [Acc<T>; R])) -> Self {
+        Rows {
+            x,
+            dy,
+            m,
+            r,
+            mv: splats::<T, V, R>(m),
+            rv: splats::<T, V, R>(r),
+        }
+    }
+
+    /// The shortest of the row slices.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.x
+            .iter()
+            .chain(&self.dy)
+            .map(|v| v.len())
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The rows cut to `n` elements.
+    #[inline(always)]
+    fn head(self, n: usize) -> Self {
+        Rows {
+            x: self.x.map(|v| head(v, n)),
+            dy: self.dy.map(|v| head(v, n)),
+            ..self
+        }
+    }
+
+    /// Row `s`'s chunk at `i`: `(xhat, dy)`; with `pf`, prefetches ahead
+    /// of it (rows read from memory, not the cached `prev`).
+    ///
+    /// # Safety
+    /// `i + LANES` within row `s`'s slices.
+    #[inline(always)]
+    unsafe fn load(&self, s: usize, i: usize, pf: bool) -> (V, V) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if pf {
+                prefetch(self.x[s], i);
+                prefetch(self.dy[s], i);
+            }
+            let xh = V::load_at(self.x[s], i).sub(self.mv[s]).mul(self.rv[s]);
+            (xh, V::load_at(self.dy[s], i))
+        }
+    }
+
+    /// Adds the rows' terms at `k` past the last whole chunk to the
+    /// partials, row after row.
+    #[inline(always)]
+    fn add_tail(&self, pg: &mut [Acc<T>], pb: &mut [Acc<T>], t: usize, n: usize) {
+        for s in 0..R {
+            for k in t..n {
+                let xh = (wide(self.x[s], k) - self.m[s]) * self.r[s];
+                let dyv = wide(self.dy[s], k);
+                if let (Some(pgv), Some(pbv)) = (pg.get_mut(k), pb.get_mut(k)) {
+                    *pgv += dyv * xh;
+                    *pbv += dyv;
+                }
+            }
+        }
+    }
+}
+
 /// Pass A of `R` backward rows in lockstep (reads `x`, `dy` from memory):
 /// `xhat = (x - m) * r`, `g = dy * gamma`; sums `g` and `g * xhat` per row
 /// (if `DX`) and adds the partials `pg += dy * xhat`, `pb += dy` (if `P`),
@@ -574,14 +654,18 @@ pub(crate) fn forward<T: Element>(
 /// is. [`PassA::chunk`] does one chunk (as [`each_chunk`] hands them out),
 /// [`PassA::finish`] folds and adds the elements past the last whole chunk,
 /// in order.
+///
+/// Paired partials: with `own` false the rows' partials are left to the
+/// next rows' pass A, which gets them as `prev` and adds them, then its
+/// own, in one read-modify-write of `pg`, `pb` (so the partial row is read
+/// and written once per two groups of rows, and every element still sees
+/// the rows in row order: the same bits).
 struct PassA<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize> {
-    x: [&'a [T]; R],
-    dy: [&'a [T]; R],
+    cur: Rows<'a, T, V, R>,
+    prev: Option<Rows<'a, T, V, R>>,
+    /// Whether this pass adds its own rows' partials.
+    own: bool,
     gamma: &'a [Acc<T>],
-    m: [Acc<T>; R],
-    r: [Acc<T>; R],
-    mv: [V; R],
-    rv: [V; R],
     s1: [[V; UNROLL]; R],
     s2: [[V; UNROLL]; R],
     /// Elements per row that pass A covers (every slice is at least this
@@ -594,62 +678,73 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
 {
     #[inline(always)]
     fn new(
-        x: [&'a [T]; R],
-        dy: [&'a [T]; R],
+        cur: Rows<'a, T, V, R>,
+        prev: Option<Rows<'a, T, V, R>>,
+        own: bool,
         gamma: &'a [Acc<T>],
-        (m, r): ([Acc<T>; R], [Acc<T>; R]),
         (pg, pb): (&[Acc<T>], &[Acc<T>]),
     ) -> Self {
         let zero = V::splat(Acc::<T>::zero());
-        let n = x.iter().chain(&dy).map(|v| v.len()).min().unwrap_or(0);
-        let n = n.min(gamma.len());
+        let n = cur.len().min(gamma.len());
+        let n = prev.as_ref().map_or(n, |p| n.min(p.len()));
         let n = if P { n.min(pg.len()).min(pb.len()) } else { n };
         PassA {
-            x: x.map(|v| head(v, n)),
-            dy: dy.map(|v| head(v, n)),
+            cur: cur.head(n),
+            prev: prev.map(|p| p.head(n)),
+            own: P && own,
             gamma,
-            m,
-            r,
-            mv: splats::<T, V, R>(m),
-            rv: splats::<T, V, R>(r),
             s1: [[zero; UNROLL]; R],
             s2: [[zero; UNROLL]; R],
             n,
         }
     }
 
-    /// The chunk at `i` into accumulator `j`.
+    /// The chunk at `i` into accumulator `j`, adding the partials of the
+    /// rows themselves if `OWN` and of `prev` first if `PREV`: constants,
+    /// so that the hot loop has no branches on them; the caller picks them
+    /// to match `own` and `prev` (see [`PassA::mode`]).
     ///
     /// # Safety
     /// `i + LANES <= self.n`, and `pg`, `pb` (if `P`) at least `self.n`
     /// long.
     #[inline(always)]
-    unsafe fn chunk(&mut self, pg: &mut [Acc<T>], pb: &mut [Acc<T>], j: usize, i: usize) {
+    unsafe fn chunk<const OWN: bool, const PREV: bool>(
+        &mut self,
+        pg: &mut [Acc<T>],
+        pb: &mut [Acc<T>],
+        j: usize,
+        i: usize,
+    ) {
         let zero = V::splat(Acc::<T>::zero());
+        let part = P && (OWN || PREV);
         // SAFETY: the caller's contract; every slice read or written here
         // is at least `n` long.
         unsafe {
             let gam = V::load_acc_at(self.gamma, i);
             let (mut pgv, mut pbv) = (zero, zero);
-            if P {
+            if part {
                 (pgv, pbv) = (V::load_acc_at(pg, i), V::load_acc_at(pb, i));
             }
+            if let (true, true, Some(p)) = (P, PREV, &self.prev) {
+                for s in 0..R {
+                    let (xh, dyv) = p.load(s, i, false);
+                    pgv = pgv.add(dyv.mul(xh));
+                    pbv = pbv.add(dyv);
+                }
+            }
             for s in 0..R {
-                prefetch(self.x[s], i);
-                prefetch(self.dy[s], i);
-                let xh = V::load_at(self.x[s], i).sub(self.mv[s]).mul(self.rv[s]);
-                let dyv = V::load_at(self.dy[s], i);
+                let (xh, dyv) = self.cur.load(s, i, true);
                 let g = dyv.mul(gam);
                 if DX {
                     self.s1[s][j] = self.s1[s][j].add(g);
                     self.s2[s][j] = self.s2[s][j].add(g.mul(xh));
                 }
-                if P {
+                if P && OWN {
                     pgv = pgv.add(dyv.mul(xh));
                     pbv = pbv.add(dyv);
                 }
             }
-            if P {
+            if part {
                 pgv.store_acc_at(pg, i);
                 pbv.store_acc_at(pb, i);
             }
@@ -661,40 +756,67 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
     fn finish(self, pg: &mut [Acc<T>], pb: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
         let (n, gamma) = (self.n, self.gamma);
         let t = n / LANES * LANES;
+        if let (true, Some(p)) = (P, &self.prev) {
+            p.add_tail(pg, pb, t, n);
+        }
+        if self.own {
+            self.cur.add_tail(pg, pb, t, n);
+        }
         let mut out = [(Acc::<T>::zero(), Acc::<T>::zero()); R];
+        if !DX {
+            return out;
+        }
         for (s, o) in out.iter_mut().enumerate() {
             let (mut a1, mut a2) = (fold_all(self.s1[s]), fold_all(self.s2[s]));
-            let (m, r) = (self.m[s], self.r[s]);
+            let c = &self.cur;
             for k in t..n {
-                let xh = (wide(self.x[s], k) - m) * r;
-                let dyv = wide(self.dy[s], k);
-                let g = dyv * at(gamma, k);
-                if DX {
-                    a1 += g;
-                    a2 += g * xh;
-                }
-                if P {
-                    if let (Some(pgv), Some(pbv)) = (pg.get_mut(k), pb.get_mut(k)) {
-                        *pgv += dyv * xh;
-                        *pbv += dyv;
-                    }
-                }
+                let xh = (wide(c.x[s], k) - c.m[s]) * c.r[s];
+                let g = wide(c.dy[s], k) * at(gamma, k);
+                a1 += g;
+                a2 += g * xh;
             }
             *o = (a1, a2);
         }
         out
     }
 
+    /// Which partials the chunks add: 0, the rows' own; 1, none (left to
+    /// the next pass A); 2, `prev`'s then the own.
+    #[inline(always)]
+    fn mode(&self) -> u8 {
+        if !P || R > 1 {
+            // No partials, or lockstep rows, which never pair: one build.
+            return 0;
+        }
+        match (self.prev.is_some(), self.own) {
+            (true, _) => 2,
+            (false, true) => 0,
+            (false, false) => 1,
+        }
+    }
+
     /// The whole pass.
     #[inline(always)]
     fn run(mut self, pg: &mut [Acc<T>], pb: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
-        each_chunk(
-            self.n,
-            // SAFETY: `each_chunk` passes `i + LANES <= n`; `new` made
-            // `pg`, `pb` at least `n` long when `P`.
-            #[inline(always)]
-            |j, i| unsafe { self.chunk(pg, pb, j, i) },
-        );
+        // SAFETY (each closure): `each_chunk` passes `i + LANES <= n`;
+        // `new` made `pg`, `pb` at least `n` long when `P`.
+        match self.mode() {
+            0 => each_chunk(
+                self.n,
+                #[inline(always)]
+                |j, i| unsafe { self.chunk::<true, false>(pg, pb, j, i) },
+            ),
+            1 => each_chunk(
+                self.n,
+                #[inline(always)]
+                |j, i| unsafe { self.chunk::<false, false>(pg, pb, j, i) },
+            ),
+            _ => each_chunk(
+                self.n,
+                #[inline(always)]
+                |j, i| unsafe { self.chunk::<true, true>(pg, pb, j, i) },
+            ),
+        }
         self.finish(pg, pb)
     }
 }
@@ -739,13 +861,15 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
             let mut sums = None;
             while i + ROWS_IN_STEP <= n {
                 let next = fuse && i + 2 * ROWS_IN_STEP <= n;
-                sums = self.rows::<V, ROWS_IN_STEP>(i, pg, pb, sums, next);
+                let after = fuse && i + 3 * ROWS_IN_STEP <= n;
+                sums = self.rows::<V, ROWS_IN_STEP>(i, pg, pb, sums, (next, after));
                 i += ROWS_IN_STEP;
             }
         }
         let mut sums = None;
         while i < n {
-            sums = self.rows::<V, 1>(i, pg, pb, sums, fuse && i + 1 < n);
+            let (next, after) = (fuse && i + 1 < n, fuse && i + 2 < n);
+            sums = self.rows::<V, 1>(i, pg, pb, sums, (next, after));
             i += 1;
         }
         fence::<NT>();
@@ -764,41 +888,57 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         )
     }
 
-    /// Pass A's state for rows `i..i + R` (it borrows the rows, not `self`).
+    /// Rows `i..i + R` as pass A reads them (they borrow the rows, not
+    /// `self`).
+    #[inline(always)]
+    fn rows_a<V: Lanes<T>, const R: usize>(&self, i: usize) -> Rows<'a, T, V, R> {
+        let d = self.d;
+        Rows::new(
+            rows_at::<T, R>(self.x, i, d),
+            rows_at::<T, R>(self.dy, i, d),
+            self.stats::<R>(i),
+        )
+    }
+
+    /// Pass A's state for rows `i..i + R`, carrying the partials of rows
+    /// `prev..prev + R` if given, and adding its own unless `defer`.
     #[inline(always)]
     fn pass_a<V: Lanes<T>, const R: usize>(
         &self,
         i: usize,
+        prev: Option<usize>,
+        defer: bool,
         pg: &[Acc<T>],
         pb: &[Acc<T>],
     ) -> PassA<'a, T, V, DX, P, R> {
-        let d = self.d;
-        let (m, r) = self.stats::<R>(i);
-        PassA::new(
-            rows_at::<T, R>(self.x, i, d),
-            rows_at::<T, R>(self.dy, i, d),
-            self.gamma,
-            (m, r),
-            (pg, pb),
-        )
+        let prev = prev.map(|k| self.rows_a::<V, R>(k));
+        PassA::new(self.rows_a::<V, R>(i), prev, !defer, self.gamma, (pg, pb))
     }
 
     /// Rows `i..i + R`, in lockstep: pass A (unless `sums` has it already),
     /// then pass B; with `next`, pass A of rows `i + R..i + 2R` runs inside
-    /// pass B, and its sums are returned.
+    /// pass B, and its sums are returned. The flag beside the sums says
+    /// that pass A left its rows' partials to the next pass A (paired
+    /// partials, see [`PassA`]): for single rows only, and only where that
+    /// next pass A exists (`next` here, `after` for rows `i + R..`).
     #[inline(always)]
     fn rows<V: Lanes<T>, const R: usize>(
         &mut self,
         i: usize,
         pg: &mut [Acc<T>],
         pb: &mut [Acc<T>],
-        sums: Option<Sums<T, R>>,
-        next: bool,
-    ) -> Option<Sums<T, R>> {
+        sums: Option<(Sums<T, R>, bool)>,
+        (next, after): (bool, bool),
+    ) -> Option<(Sums<T, R>, bool)> {
         let d = self.d;
-        let sums = match sums {
+        let pair = P && R == 1 && paired_partials(d * std::mem::size_of::<T>());
+        let (sums, deferred) = match sums {
             Some(s) => s,
-            None => self.pass_a::<V, R>(i, pg, pb).run(pg, pb),
+            None => {
+                let defer = pair && next;
+                let sums = self.pass_a::<V, R>(i, None, defer, pg, pb).run(pg, pb);
+                (sums, defer)
+            }
         };
         if !DX {
             return None;
@@ -816,7 +956,8 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         );
         let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
         let (mgv, mgxv) = (splats::<T, V, R>(mg), splats::<T, V, R>(mgx));
-        let a = next.then(|| self.pass_a::<V, R>(i + R, pg, pb));
+        let defer = pair && !deferred && after;
+        let a = next.then(|| self.pass_a::<V, R>(i + R, deferred.then_some(i), defer, pg, pb));
         let dxr = rows_at_mut::<T, R>(&mut *self.dx, i, d).map(|v| {
             let k = n.min(v.len());
             &mut v[..k]
@@ -850,19 +991,44 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         );
         let Some(mut a) = a else {
             write_rows::<T, V, NT, R>(dxr, false, v, sc);
+            if deferred {
+                // Not reached (rows defer only when `next`), but never lose
+                // the partials.
+                self.pass_a::<V, R>(i, None, false, pg, pb).run(pg, pb);
+            }
             return None;
         };
-        write_rows_with::<T, V, NT, R>(
-            dxr,
-            v,
-            sc,
-            a.n,
-            // SAFETY: `write_rows_with` calls this as `each_chunk(a.n, ..)`
-            // would, so `k + LANES <= a.n`; `new` made `pg`, `pb` that long.
-            #[inline(always)]
-            |j, k| unsafe { a.chunk(pg, pb, j, k) },
-        );
-        Some(a.finish(pg, pb))
+        // SAFETY (each closure): `write_rows_with` calls it as
+        // `each_chunk(a.n, ..)` would, so `k + LANES <= a.n`; `new` made
+        // `pg`, `pb` that long.
+        let n = a.n;
+        match a.mode() {
+            0 => write_rows_with::<T, V, NT, R>(
+                dxr,
+                v,
+                sc,
+                n,
+                #[inline(always)]
+                |j, k| unsafe { a.chunk::<true, false>(pg, pb, j, k) },
+            ),
+            1 => write_rows_with::<T, V, NT, R>(
+                dxr,
+                v,
+                sc,
+                n,
+                #[inline(always)]
+                |j, k| unsafe { a.chunk::<false, false>(pg, pb, j, k) },
+            ),
+            _ => write_rows_with::<T, V, NT, R>(
+                dxr,
+                v,
+                sc,
+                n,
+                #[inline(always)]
+                |j, k| unsafe { a.chunk::<true, true>(pg, pb, j, k) },
+            ),
+        }
+        Some((a.finish(pg, pb), defer))
     }
 }
 
@@ -1100,7 +1266,9 @@ mod tests {
         // of the one after), rows of unequal alignment (the joined loop
         // falls back to one pass after the other), long rows (the forward
         // keeps its runs apart; the backward overlaps), and rows too short
-        // to overlap.
+        // to overlap. Rows past 64 KiB pair their partials in the backward
+        // (see `PassA`): odd and even row counts end on an unpaired row and
+        // on a pair, aligned (16_400) and not (20_003).
         for (n, d) in [
             (5usize, 1000usize),
             (4, 777),
@@ -1108,6 +1276,9 @@ mod tests {
             (17, 4096),
             (7, 4100),
             (3, 20_003),
+            (4, 20_003),
+            (2, 16_400),
+            (5, 16_400),
             (6, 256),
         ] {
             assert_eq!(overlap(d * 4), d * 4 >= 2048, "d={d}");

@@ -822,6 +822,27 @@ pub fn set_overlap(on: bool) {
     OVERLAP.store(on, Ordering::Relaxed)
 }
 
+static PAIRED: AtomicBool = AtomicBool::new(true);
+
+/// Turns [`paired_partials`] on or off (process-wide; for benchmarks that
+/// measure what it is worth). It changes only the speed.
+pub fn set_paired_partials(on: bool) {
+    PAIRED.store(on, Ordering::Relaxed)
+}
+
+/// Whether the LayerNorm backward, where it [`overlap`]s rows of
+/// `row_bytes` one at a time, adds two rows' dgamma/dbeta partials in one
+/// read-modify-write of the partial row (the second row's pass A adds the
+/// first row's terms, then its own): for rows past [`STEP_ROW_BYTES`],
+/// whose partial row is read and written from L2, not L1, and unless
+/// turned off by [`set_paired_partials`]. Measured here, backward time
+/// with it on over off: 0.96-0.98 at 65536-wide f32 rows; but 1.00 at
+/// 1024 and 1.01-1.06 at 768, whose partial rows sit in L1 anyway.
+#[inline(always)]
+pub fn paired_partials(row_bytes: usize) -> bool {
+    PAIRED.load(Ordering::Relaxed) && row_bytes > *STEP_ROW_BYTES.end()
+}
+
 /// The shortest row, in bytes, whose kernels [`overlap`] one group of
 /// rows' output pass with the next group's first pass. Measured here,
 /// fwd+bwd with it on over off: 0.96 at 768-wide f32 rows, 0.98 at 1024,
