@@ -156,7 +156,7 @@ impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for MeanPass<'_
     #[inline(always)]
     unsafe fn chunk(&mut self, j: usize, i: usize) {
         for s in 0..R {
-            prefetch(self.x[s], i);
+            prefetch::<T, R>(self.x[s], i);
             // SAFETY: the caller's contract; every row is `n` long.
             let v = unsafe { V::load_at(self.x[s], i) };
             self.acc[s][j] = self.acc[s][j].add(v.sub(self.v0[s]));
@@ -622,8 +622,8 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> Rows<'a, T, V, R> {
         // SAFETY: the caller's contract.
         unsafe {
             if pf {
-                prefetch(self.x[s], i);
-                prefetch(self.dy[s], i);
+                prefetch::<T, R>(self.x[s], i);
+                prefetch::<T, R>(self.dy[s], i);
             }
             let xh = V::load_at(self.x[s], i).sub(self.mv[s]).mul(self.rv[s]);
             (xh, V::load_at(self.dy[s], i))

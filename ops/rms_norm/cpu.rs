@@ -27,7 +27,7 @@ fn row_sq<T: Element, V: Lanes<T>>(x: &[T]) -> Acc<T> {
         x.len(),
         #[inline(always)]
         |j, i| {
-            prefetch(x, i);
+            prefetch::<T, 1>(x, i);
             // SAFETY: `each_chunk` passes `i + LANES <= x.len()`.
             let v = unsafe { V::load_at(x, i) };
             acc[j] = acc[j].add(v.mul(v));
@@ -170,8 +170,8 @@ fn bwd_sum<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
         n,
         #[inline(always)]
         |j, i| {
-            prefetch(x, i);
-            prefetch(dy, i);
+            prefetch::<T, 1>(x, i);
+            prefetch::<T, 1>(dy, i);
             // SAFETY: `each_chunk` passes `i + LANES <= n`, and every slice
             // read or written here is at least `n` long.
             unsafe {

@@ -941,16 +941,21 @@ pub(crate) fn write_rows_with<T: Element, V: Lanes<T>, const NT: bool, const R: 
 /// bare forward kernel.
 pub(crate) const PREFETCH_AHEAD: usize = 4096;
 
-/// Hints that `s[i..]`'s line [`PREFETCH_AHEAD`] bytes ahead will be read
-/// soon. The address may lie past the end of `s` (a prefetch never faults
-/// and the pointer is never dereferenced).
+/// Hints that `s[i..]`'s line [`PREFETCH_AHEAD`]` / R` bytes ahead will be
+/// read soon, for one of `R` rows read in lockstep: the bytes asked for
+/// ahead of all the streams together stay the same whatever `R` is, so
+/// the lines run ahead do not crowd L1 out. Measured here, lockstep rows
+/// (`R` = 4) prefetching 1 KiB over 4 KiB ahead: backward time 0.89-0.92 at
+/// 8192 x 4096 and 0.95-0.96 at 1024 x 16384, forward 0.98-0.99. The
+/// address may lie past the end of `s` (a prefetch never faults and the
+/// pointer is never dereferenced).
 #[inline(always)]
-pub(crate) fn prefetch<T>(s: &[T], i: usize) {
+pub(crate) fn prefetch<T, const R: usize>(s: &[T], i: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         let p = (s.as_ptr() as *const i8)
             .wrapping_add(i.wrapping_mul(std::mem::size_of::<T>()))
-            .wrapping_add(PREFETCH_AHEAD);
+            .wrapping_add(PREFETCH_AHEAD / R);
         // SAFETY: prefetch has no preconditions (any address; no access).
         unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) }
     }
