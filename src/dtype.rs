@@ -1,6 +1,6 @@
 //! Element types and their accumulation types.
 
-use crate::device::pool::Pool;
+use crate::device::pool::{Buffer, Pool};
 use num_traits::{Float, FromPrimitive};
 use std::fmt::Debug;
 use std::iter::Sum;
@@ -100,7 +100,7 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
         gamma: Option<&[Self]>,
         beta: Option<&[Self]>,
         eps: Self::Acc,
-    ) -> (Vec<Self>, Vec<Self::Acc>, Vec<Self::Acc>);
+    ) -> (Buffer<Self>, Vec<Self::Acc>, Vec<Self::Acc>);
     /// LayerNorm backward: `[dx, dgamma, dbeta]`, each where `want` asks.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -112,7 +112,7 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
         mean: &[Self::Acc],
         rstd: &[Self::Acc],
         want: [bool; 3],
-    ) -> [Option<Vec<Self>>; 3];
+    ) -> [Option<Buffer<Self>>; 3];
     /// RMSNorm forward: `(y, rstd)`.
     #[doc(hidden)]
     fn rms_forward(
@@ -120,7 +120,7 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
         d: usize,
         gamma: Option<&[Self]>,
         eps: Self::Acc,
-    ) -> (Vec<Self>, Vec<Self::Acc>);
+    ) -> (Buffer<Self>, Vec<Self::Acc>);
     /// RMSNorm backward: `[dx, dgamma]`, each where `want` asks.
     #[doc(hidden)]
     fn rms_backward(
@@ -130,7 +130,7 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
         gamma: Option<&[Self]>,
         rstd: &[Self::Acc],
         want: [bool; 2],
-    ) -> [Option<Vec<Self>>; 2];
+    ) -> [Option<Buffer<Self>>; 2];
 }
 
 /// The kernel methods of [`Element`], for one concrete type (`$a` is its
@@ -144,7 +144,7 @@ macro_rules! kernels {
             gamma: Option<&[Self]>,
             beta: Option<&[Self]>,
             eps: $a,
-        ) -> (Vec<Self>, Vec<$a>, Vec<$a>) {
+        ) -> (crate::device::pool::Buffer<Self>, Vec<$a>, Vec<$a>) {
             let f = crate::ops::layer_norm::cpu::forward(x, d, gamma, beta, eps);
             (f.y, f.mean, f.rstd)
         }
@@ -157,7 +157,7 @@ macro_rules! kernels {
             mean: &[$a],
             rstd: &[$a],
             [dx, dg, db]: [bool; 3],
-        ) -> [Option<Vec<Self>>; 3] {
+        ) -> [Option<crate::device::pool::Buffer<Self>>; 3] {
             use crate::ops::layer_norm::cpu;
             let b = cpu::backward(x, dy, d, gamma, mean, rstd, dx, dg, db);
             [b.dx, b.dgamma, b.dbeta]
@@ -168,7 +168,7 @@ macro_rules! kernels {
             d: usize,
             gamma: Option<&[Self]>,
             eps: $a,
-        ) -> (Vec<Self>, Vec<$a>) {
+        ) -> (crate::device::pool::Buffer<Self>, Vec<$a>) {
             crate::ops::rms_norm::cpu::forward(x, d, gamma, eps)
         }
         #[inline(never)]
@@ -179,9 +179,9 @@ macro_rules! kernels {
             gamma: Option<&[Self]>,
             rstd: &[$a],
             [dx, dg]: [bool; 2],
-        ) -> [Option<Vec<Self>>; 2] {
+        ) -> [Option<crate::device::pool::Buffer<Self>>; 2] {
             let (dx, dg) = crate::ops::rms_norm::cpu::backward(x, dy, d, gamma, rstd, dx, dg);
-            [dx, dg]
+            [dx, dg.map(crate::device::pool::Buffer::from_vec)]
         }
     };
 }

@@ -105,7 +105,7 @@ impl<T: Element> Tensor<T> {
         }
         Ok(Tensor {
             shape: Dims::from_vec(shape),
-            data: Arc::new(Buffer(data)),
+            data: Arc::new(Buffer::from_vec(data)),
             device: Device::Cpu,
         })
     }
@@ -123,7 +123,7 @@ impl<T: Element> Tensor<T> {
         }
         Ok(Tensor {
             shape: Dims::from_slice(shape),
-            data: Arc::new(Buffer(data)),
+            data: Arc::new(Buffer::from_vec(data)),
             device: Device::Cpu,
         })
     }
@@ -137,7 +137,7 @@ impl<T: Element> Tensor<T> {
         };
         Tensor {
             shape,
-            data: Arc::new(Buffer(data)),
+            data: Arc::new(Buffer::from_vec(data)),
             device: Device::Cpu,
         }
     }
@@ -146,16 +146,34 @@ impl<T: Element> Tensor<T> {
     pub fn scalar(v: T) -> Self {
         Tensor {
             shape: Dims::from_slice(&[]),
-            data: Arc::new(Buffer(vec![v])),
+            data: Arc::new(Buffer::from_vec(vec![v])),
             device: Device::Cpu,
         }
     }
 
-    /// A buffer of `n` elements for a kernel to fill completely: recycled
-    /// from the pool when one of that length is free (contents unspecified).
-    /// Crate-private: `n` must be the size of a tensor that already exists.
-    pub(crate) fn scratch(n: usize) -> Vec<T> {
-        T::pool().take(n)
+    /// A buffer of `n` elements for a kernel to fill completely, 64-byte
+    /// aligned, recycled from the pool when one of that size is free
+    /// (contents unspecified). Crate-private: `n` must be the size of a
+    /// tensor that already exists.
+    pub(crate) fn scratch(n: usize) -> Buffer<T> {
+        Buffer::take(n)
+    }
+
+    /// A tensor over a kernel's output buffer (see [`Tensor::scratch`]).
+    pub(crate) fn from_buffer(shape: &[usize], data: Buffer<T>) -> Result<Self> {
+        let n = checked_numel("Tensor::from_buffer", shape, std::mem::size_of::<T>())?;
+        if n != data.len() {
+            return Err(Error::ElementCount {
+                op: "Tensor::from_buffer",
+                shape: shape.to_vec(),
+                len: data.len(),
+            });
+        }
+        Ok(Tensor {
+            shape: Dims::from_slice(shape),
+            data: Arc::new(data),
+            device: Device::Cpu,
+        })
     }
 
     /// A tensor filled with `v`. `ShapeTooLarge` if the element or byte
@@ -255,10 +273,11 @@ impl<T: Element> Tensor<T> {
         Arc::as_ptr(&self.data) as usize
     }
 
-    /// Takes the storage out as a vector, copying only if it is shared.
+    /// Takes the storage out as a vector, copying only if it is shared (a
+    /// kernel's aligned output is moved to the front of its allocation).
     pub fn into_vec(self) -> Vec<T> {
         match Arc::try_unwrap(self.data) {
-            Ok(mut b) => std::mem::take(&mut b.0),
+            Ok(b) => b.into_vec(),
             Err(a) => {
                 let mut v = T::pool().take(a.len());
                 v.copy_from_slice(&a);

@@ -37,6 +37,7 @@ use crate::device::cpu::{
     prefetch, prefetch_next, rows_in_step, rows_per_chunk, segmented, should_stream, write_rows,
     write_rows_with, Kernel, Lanes, ROWS_IN_STEP, STEP_ROW_BYTES, UNROLL,
 };
+use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
@@ -492,7 +493,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
 
 /// The forward's outputs: `y` and the per-row statistics backward needs.
 pub(crate) struct Forward<T: Element> {
-    pub y: Vec<T>,
+    pub y: Buffer<T>,
     pub mean: Vec<Acc<T>>,
     pub rstd: Vec<Acc<T>>,
 }
@@ -1034,9 +1035,9 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
 
 /// The backward's outputs; `None` where not asked for.
 pub(crate) struct Backward<T: Element> {
-    pub dx: Option<Vec<T>>,
-    pub dgamma: Option<Vec<T>>,
-    pub dbeta: Option<Vec<T>>,
+    pub dx: Option<Buffer<T>>,
+    pub dgamma: Option<Buffer<T>>,
+    pub dbeta: Option<Buffer<T>>,
 }
 
 /// Sums the groups' partial rows in group order, column block by column
@@ -1117,7 +1118,7 @@ pub(crate) fn backward<T: Element>(
     let mut dx = if want_dx {
         Tensor::<T>::scratch(n * d)
     } else {
-        Vec::new()
+        Buffer::default()
     };
     let run = match (want_dx, want_p, should_stream::<T>(n * d)) {
         (true, true, false) => bwd_launch::<T, true, true, false>,
@@ -1132,8 +1133,8 @@ pub(crate) fn backward<T: Element>(
         let sums = reduce_partials(&parts, 2 * d);
         let (sg, sb) = sums.split_at(d);
         (
-            want_dgamma.then(|| sg.iter().map(|&v| T::from_acc(v)).collect()),
-            want_dbeta.then(|| sb.iter().map(|&v| T::from_acc(v)).collect()),
+            want_dgamma.then(|| Buffer::from_vec(sg.iter().map(|&v| T::from_acc(v)).collect())),
+            want_dbeta.then(|| Buffer::from_vec(sb.iter().map(|&v| T::from_acc(v)).collect())),
         )
     } else {
         (None, None)
@@ -1168,7 +1169,7 @@ mod tests {
             bits(&ry),
             bits(&rr),
         ];
-        for v in [bw.dx, bw.dgamma, bw.dbeta, rdx, rdg] {
+        for v in [bw.dx, bw.dgamma, bw.dbeta, rdx, rdg.map(Buffer::from_vec)] {
             out.push(bits(&v.unwrap_or_default()));
         }
         out
@@ -1252,6 +1253,28 @@ mod tests {
                 assert!(got == want, "n={n} d={d} stream={stream}");
             }
             set_stream_threshold(old);
+        }
+    }
+
+    #[test]
+    fn outputs_start_on_a_cache_line() {
+        let mut rng = Rng::new(3);
+        for (n, d) in [(3usize, 5usize), (600, 128)] {
+            let (x, dy, g, b) = case(&mut rng, n, d, 1.0, 0.0);
+            // `x` starts where the allocator put it, not on a line.
+            let x = [vec![0.0f32; 3], x].concat();
+            let x = &x[3..];
+            let f = forward(x, d, Some(&g), Some(&b), 1e-5);
+            let bw = backward(x, &dy, d, Some(&g), &f.mean, &f.rstd, true, false, false);
+            let dx = bw.dx.unwrap_or_default();
+            let (ry, _) = rms::forward(x, d, Some(&g), 1e-5);
+            for (name, p) in [
+                ("y", f.y.as_ptr()),
+                ("dx", dx.as_ptr()),
+                ("rms y", ry.as_ptr()),
+            ] {
+                assert_eq!(p as usize % 64, 0, "{name} at n={n} d={d}");
+            }
         }
     }
 

@@ -37,6 +37,7 @@
 pub(crate) mod cpu;
 pub(crate) mod scaled;
 
+use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
@@ -220,7 +221,7 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
             Some(&mut out.mean),
             &mut out.rstd,
         );
-        let y = Tensor::from_vec(x.shape().to_vec(), out.y)?;
+        let y = Tensor::from_buffer(x.shape(), out.y)?;
         let state = LayerNormState {
             x: x.clone(),
             gamma: gamma.cloned(),
@@ -254,9 +255,9 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
         let gs = s.gamma.as_ref().map(|g| g.as_slice()).transpose()?;
         let out = if xs.is_empty() {
             // No rows: zero parameter gradients (`d` is small if wanted).
-            let zeros = |w: bool| w.then(|| vec![T::zero(); self.d]);
+            let zeros = |w: bool| w.then(|| Buffer::from_vec(vec![T::zero(); self.d]));
             cpu::Backward {
-                dx: need(0).then(Vec::new),
+                dx: need(0).then(Buffer::default),
                 dgamma: zeros(want_dg),
                 dbeta: zeros(want_db),
             }
@@ -271,17 +272,17 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 (need(0), want_dg, want_db),
             );
             cpu::Backward {
-                dx: g.dx,
-                dgamma: g.dgamma,
-                dbeta: g.dbeta,
+                dx: g.dx.map(Buffer::from_vec),
+                dgamma: g.dgamma.map(Buffer::from_vec),
+                dbeta: g.dbeta.map(Buffer::from_vec),
             }
         } else {
             let want = [need(0), want_dg, want_db];
             let [dx, dgamma, dbeta] = T::ln_backward(xs, dy, self.d, gs, &s.mean, &s.rstd, want);
             cpu::Backward { dx, dgamma, dbeta }
         };
-        let shaped = |v: Option<Vec<T>>, shape: &[usize]| {
-            v.map(|v| Tensor::from_vec(shape.to_vec(), v)).transpose()
+        let shaped = |v: Option<Buffer<T>>, shape: &[usize]| {
+            v.map(|v| Tensor::from_buffer(shape, v)).transpose()
         };
         let mut grads = vec![shaped(out.dx, s.x.shape())?];
         if self.has_gamma {

