@@ -117,9 +117,10 @@ impl<T: Element> Default for Pool<T> {
 /// past a page, and rows that start off a cache line make the streamed
 /// output pass write each row's first and last partial line with plain
 /// scalar stores (at 128-wide f32 rows, one line in eight). Measured here,
-/// fwd+bwd time with 64-byte aligned outputs over the allocator's: 0.78 at
-/// 32768 x 128, 0.73 at 65536 x 256, 0.86 at 16384 x 1024, 0.99 at 8192 x
-/// 4096. A user's vector ([`Buffer::from_vec`]) is kept as it is.
+/// fwd+bwd time with 64-byte aligned outputs over the allocator's: 0.65-0.78
+/// at 32768 x 128, 0.73-0.78 at 65536 x 256, 0.86-0.93 at 16384 x 1024,
+/// 0.98-0.99 at 8192 x 4096. A user's vector ([`Buffer::from_vec`]) is kept
+/// as it is.
 #[doc(hidden)]
 pub struct Buffer<T: Element> {
     v: Vec<T>,
