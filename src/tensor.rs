@@ -113,17 +113,23 @@ impl<T: Element> Tensor<T> {
     /// [`Tensor::from_vec`] with a borrowed shape (no allocation for short
     /// shapes).
     pub(crate) fn from_shape(shape: &[usize], data: Vec<T>) -> Result<Self> {
-        let n = checked_numel("Tensor::from_vec", shape, std::mem::size_of::<T>())?;
+        Self::wrap("Tensor::from_vec", shape, Buffer::from_vec(data))
+    }
+
+    /// `data` with `shape`, if their element counts agree (`op` names the
+    /// caller in the error).
+    fn wrap(op: &'static str, shape: &[usize], data: Buffer<T>) -> Result<Self> {
+        let n = checked_numel(op, shape, std::mem::size_of::<T>())?;
         if n != data.len() {
             return Err(Error::ElementCount {
-                op: "Tensor::from_vec",
+                op,
                 shape: shape.to_vec(),
                 len: data.len(),
             });
         }
         Ok(Tensor {
             shape: Dims::from_slice(shape),
-            data: Arc::new(Buffer::from_vec(data)),
+            data: Arc::new(data),
             device: Device::Cpu,
         })
     }
@@ -161,19 +167,7 @@ impl<T: Element> Tensor<T> {
 
     /// A tensor over a kernel's output buffer (see [`Tensor::scratch`]).
     pub(crate) fn from_buffer(shape: &[usize], data: Buffer<T>) -> Result<Self> {
-        let n = checked_numel("Tensor::from_buffer", shape, std::mem::size_of::<T>())?;
-        if n != data.len() {
-            return Err(Error::ElementCount {
-                op: "Tensor::from_buffer",
-                shape: shape.to_vec(),
-                len: data.len(),
-            });
-        }
-        Ok(Tensor {
-            shape: Dims::from_slice(shape),
-            data: Arc::new(data),
-            device: Device::Cpu,
-        })
+        Self::wrap("Tensor::from_buffer", shape, data)
     }
 
     /// A tensor filled with `v`. `ShapeTooLarge` if the element or byte
