@@ -16,7 +16,8 @@ use std::time::Instant;
 
 type Switch = (&'static str, fn(bool));
 
-const SWITCHES: [Switch; 6] = [
+const SWITCHES: [Switch; 7] = [
+    ("long forward tasks", cpu::set_long_fwd_tasks),
     ("lockstep rows", cpu::set_lockstep),
     ("runs of long rows", cpu::set_segmented),
     ("prefetch next row", cpu::set_prefetch_next),

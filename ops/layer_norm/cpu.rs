@@ -2,7 +2,8 @@
 //!
 //! Work split: rows are cut into chunks of [`rows_per_chunk`]`(d)` rows (a
 //! function of the row length only). The forward runs one rayon task per
-//! chunk. The backward runs one task per *group* of consecutive chunks (see
+//! chunk (for rows in lockstep, at least [`FWD_TASK_STEPS`] steps of rows:
+//! [`fwd_rows_per_task`]). The backward runs one task per *group* of consecutive chunks (see
 //! [`rows_per_group`]); each group sums its rows' `dy * xhat` and `dy` into
 //! its own partial row, in row order, and the partials are then added in
 //! group order. Nothing depends on the number of threads, so every output
@@ -33,9 +34,10 @@
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, overlap, paired_partials,
-    prefetch, prefetch_next, rows_in_step, rows_per_chunk, segmented, should_stream, write_rows,
-    write_rows_with, Kernel, Lanes, ROWS_IN_STEP, STEP_ROW_BYTES, UNROLL,
+    dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, long_fwd_tasks, overlap,
+    paired_partials, prefetch, prefetch_next, rows_in_step, rows_per_chunk, segmented,
+    should_stream, write_rows, write_rows_with, Kernel, Lanes, ROWS_IN_STEP, STEP_ROW_BYTES,
+    UNROLL,
 };
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
@@ -504,6 +506,25 @@ pub(crate) fn widen<T: Element>(p: Option<&[T]>) -> Vec<Acc<T>> {
         .unwrap_or_default()
 }
 
+/// Steps of [`ROWS_IN_STEP`] rows a forward task over rows in lockstep
+/// takes at least (see [`fwd_rows_per_task`]).
+pub(crate) const FWD_TASK_STEPS: usize = 16;
+
+/// Rows per forward task: `rpc` ([`rows_per_chunk`]), but for rows taken
+/// [`ROWS_IN_STEP`] at a time at least [`FWD_TASK_STEPS`] steps (unless
+/// [`long_fwd_tasks`] is off). Only a step with a next step in its task
+/// carries that step's mean pass; a chunk of 16384-wide f32 rows is one
+/// step, which never did. Measured here, forward time with it on over off
+/// (31 reps, interleaved): 0.971-0.977 at 1024 x 16384, 0.983 at
+/// 2048 x 8192, 0.986-1.006 at 8192 x 4096 (16 rows, four steps, a chunk).
+fn fwd_rows_per_task(row_bytes: usize, rpc: usize) -> usize {
+    if long_fwd_tasks() && rows_in_step(row_bytes) == ROWS_IN_STEP {
+        rpc.max(FWD_TASK_STEPS * ROWS_IN_STEP)
+    } else {
+        rpc
+    }
+}
+
 /// Runs the forward tasks: one per chunk of rows, in parallel when there
 /// is more than one.
 #[allow(clippy::too_many_arguments)]
@@ -529,7 +550,7 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
             eps,
         })
     };
-    let rpc = rows_per_chunk(d);
+    let rpc = fwd_rows_per_task(d * std::mem::size_of::<T>(), rows_per_chunk(d));
     if mean.len() <= rpc {
         task(x, y, mean, rstd);
     } else {
@@ -826,8 +847,9 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
 type Sums<T, const R: usize> = [(Acc<T>, Acc<T>); R];
 
 /// One backward task: a group of consecutive rows, their `dx` (empty unless
-/// `DX`) and, if `P`, a fresh partial row `[pg | pb]` of `2d` that it
-/// returns. `NT` streams `dx` past the cache.
+/// `DX`) and, if `P`, its partial row `[pg | pb]` of `2d` (its contents on
+/// entry do not matter: the task zeroes it). `NT` streams `dx` past the
+/// cache.
 struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     x: &'a [T],
     dy: &'a [T],
@@ -836,12 +858,13 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     dx: &'a mut [T],
     gamma: &'a [Acc<T>],
     d: usize,
+    part: &'a mut [Acc<T>],
 }
 
 impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
     for Bwd<'_, T, DX, P, NT>
 {
-    type Output = Vec<Acc<T>>;
+    type Output = ();
 
     /// Per row: pass A ([`PassA`]), then, with the row still in cache,
     /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`; the rows go
@@ -850,9 +873,10 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
     /// ([`write_rows_with`]), so `x` and `dy` stream in while `dx` streams
     /// out.
     #[inline(always)]
-    fn run<V: Lanes<T>>(mut self) -> Vec<Acc<T>> {
+    fn run<V: Lanes<T>>(mut self) {
         let d = self.d;
-        let mut part = vec![Acc::<T>::zero(); if P { 2 * d } else { 0 }];
+        let part = std::mem::take(&mut self.part);
+        part.fill(Acc::<T>::zero());
         let (pg, pb) = part.split_at_mut(if P { d } else { 0 });
         let n = self.mean.len().min(self.rstd.len());
         let n = n.min(self.x.len().min(self.dy.len()) / d.max(1));
@@ -874,7 +898,6 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
             i += 1;
         }
         fence::<NT>();
-        part
     }
 }
 
@@ -1040,19 +1063,28 @@ pub(crate) struct Backward<T: Element> {
     pub dbeta: Option<Buffer<T>>,
 }
 
-/// Sums the groups' partial rows in group order, column block by column
-/// block (in parallel for wide rows; each column's order is the same).
-pub(crate) fn reduce_partials<A: Accum>(parts: &[Vec<A>], width: usize) -> Vec<A> {
+/// The backward groups' partial rows: `groups` rows of `width`, one per
+/// group, in one buffer from the pool (each task zeroes its own row). As
+/// fresh vectors, the 32 partial rows of 512 KiB at 2048 x 65536 f32
+/// faulted 16 MiB of new pages into every backward call.
+pub(crate) fn partial_rows<A: Element>(groups: usize, width: usize) -> Buffer<A> {
+    Buffer::take(groups * width)
+}
+
+/// Sums the groups' partial rows (`parts`, rows of `width`) in group order,
+/// column block by column block (in parallel for wide rows; each column's
+/// order is the same).
+pub(crate) fn reduce_partials<A: Accum>(parts: &[A], width: usize) -> Vec<A> {
     let mut out = vec![A::zero(); width];
     const COLS: usize = 4096;
     let sum_cols = |(c, o): (usize, &mut [A])| {
-        for p in parts {
+        for p in parts.chunks_exact(width.max(1)) {
             for (ov, pv) in o.iter_mut().zip(p.iter().skip(c * COLS)) {
                 *ov += *pv;
             }
         }
     };
-    if parts.len() * width <= 1 << 16 {
+    if parts.len() <= 1 << 16 {
         out.chunks_mut(COLS).enumerate().for_each(sum_cols);
     } else {
         out.par_chunks_mut(COLS).enumerate().for_each(sum_cols);
@@ -1060,8 +1092,8 @@ pub(crate) fn reduce_partials<A: Accum>(parts: &[Vec<A>], width: usize) -> Vec<A
     out
 }
 
-/// Runs the backward groups (in parallel when there are several) and
-/// returns their partial rows in group order.
+/// Runs the backward groups (in parallel when there are several), group
+/// `k` filling row `k` of `parts` (rows of `2d`) with its partials if `P`.
 #[allow(clippy::too_many_arguments)]
 fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
     x: &[T],
@@ -1072,8 +1104,10 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
     gamma: &[Acc<T>],
     d: usize,
     rpg: usize,
-) -> Vec<Vec<Acc<T>>> {
+    parts: &mut [Acc<T>],
+) {
     let mut dx_groups = dx.chunks_mut(rpg * d);
+    let mut part_rows = parts.chunks_mut(2 * d);
     let jobs: Vec<Bwd<'_, T, DX, P, NT>> = x
         .chunks(rpg * d)
         .zip(dy.chunks(rpg * d))
@@ -1090,9 +1124,14 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             },
             gamma,
             d,
+            part: if P {
+                part_rows.next().unwrap_or_default()
+            } else {
+                Default::default()
+            },
         })
         .collect();
-    dispatch_all(jobs)
+    dispatch_all(jobs);
 }
 
 /// LayerNorm backward. `gamma` of `None` means the identity scale.
@@ -1107,12 +1146,15 @@ pub(crate) fn backward<T: Element>(
     want_dx: bool,
     want_dgamma: bool,
     want_dbeta: bool,
-) -> Backward<T> {
+) -> Backward<T>
+where
+    Acc<T>: Element,
+{
     let n = x.len() / d;
     let want_p = want_dgamma || want_dbeta;
     let g = match gamma {
         Some(_) => widen(gamma),
-        None => vec![Acc::<T>::one(); d],
+        None => vec![<Acc<T> as One>::one(); d],
     };
     let rpg = rows_per_group(n, d);
     let mut dx = if want_dx {
@@ -1128,7 +1170,12 @@ pub(crate) fn backward<T: Element>(
         (false, true, _) => bwd_launch::<T, false, true, false>,
         (false, false, _) => bwd_launch::<T, false, false, false>,
     };
-    let parts = run(x, dy, mean, rstd, &mut dx, &g, d, rpg);
+    let mut parts = if want_p {
+        partial_rows(x.len().div_ceil(rpg * d), 2 * d)
+    } else {
+        Buffer::default()
+    };
+    run(x, dy, mean, rstd, &mut dx, &g, d, rpg, &mut parts);
     let (dgamma, dbeta) = if want_p {
         let sums = reduce_partials(&parts, 2 * d);
         let (sg, sb) = sums.split_at(d);
@@ -1253,6 +1300,65 @@ mod tests {
                 assert!(got == want, "n={n} d={d} stream={stream}");
             }
             set_stream_threshold(old);
+        }
+    }
+
+    #[test]
+    fn long_forward_tasks_change_no_bits() {
+        let _hold = SEGMENTED.lock();
+        use crate::device::cpu::set_long_fwd_tasks;
+        let mut rng = Rng::new(23);
+        // Several tasks either way, the last one short.
+        for (n, d) in [(150usize, 4096usize), (70, 16384)] {
+            let rpc = rows_per_chunk(d);
+            let (x, dy, g, b) = case(&mut rng, n, d, 1.5, 3.0);
+            let old = stream_threshold();
+            for stream in [usize::MAX, 0] {
+                set_stream_threshold(stream);
+                set_long_fwd_tasks(false);
+                assert_eq!(fwd_rows_per_task(d * 4, rpc), rpc, "d={d}");
+                let want = outputs(&x, &dy, &g, &b, d);
+                set_long_fwd_tasks(true);
+                let rows = fwd_rows_per_task(d * 4, rpc);
+                assert_eq!(rows, FWD_TASK_STEPS * ROWS_IN_STEP, "d={d}");
+                assert!(n > rows && n % rows != 0, "n={n} d={d}");
+                let got = outputs(&x, &dy, &g, &b, d);
+                assert!(got == want, "n={n} d={d} stream={stream}");
+            }
+            set_stream_threshold(old);
+        }
+    }
+
+    #[test]
+    fn recycled_partial_rows_start_from_zero() {
+        // 64 groups of 4096-wide f32 partials (two rows each for LayerNorm,
+        // one for RMSNorm): at least 1 MiB, so the partial rows come from
+        // the pool, and each call gets the one before's.
+        let (n, d) = (4096usize, 4096usize);
+        assert!(groups(n, d) * d * 4 >= crate::device::pool::MIN_POOLED_BYTES);
+        let mut rng = Rng::new(29);
+        let (x, dy, g, b) = case(&mut rng, n, d, 1.0, 0.5);
+        let f = forward(&x, d, Some(&g), Some(&b), 1e-5);
+        let ones = vec![1.0f32; n * d];
+        for dy in [&ones, &dy, &dy] {
+            let bw = backward(&x, dy, d, Some(&g), &f.mean, &f.rstd, false, true, true);
+            let (dg, db) = (bw.dgamma.unwrap_or_default(), bw.dbeta.unwrap_or_default());
+            let (_, rdg) = rms::backward(&x, dy, d, Some(&g), &f.rstd, false, true);
+            let rdg = rdg.unwrap_or_default();
+            for j in (0..d).step_by(193) {
+                let (mut wg, mut wb, mut wr) = (0f64, 0f64, 0f64);
+                for i in 0..n {
+                    let (xv, dv) = (x[i * d + j] as f64, dy[i * d + j] as f64);
+                    wg += dv * (xv - f.mean[i] as f64) * f.rstd[i] as f64;
+                    wb += dv;
+                    wr += dv * xv * f.rstd[i] as f64;
+                }
+                let close =
+                    |got: f32, want: f64| (got as f64 - want).abs() <= 1e-3 * (1.0 + want.abs());
+                assert!(close(dg[j], wg), "dgamma[{j}] {} vs {wg}", dg[j]);
+                assert!(close(db[j], wb), "dbeta[{j}] {} vs {wb}", db[j]);
+                assert!(close(rdg[j], wr), "rms dgamma[{j}] {} vs {wr}", rdg[j]);
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use crate::device::cpu::{
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::ops::layer_norm::cpu::{
-    at, count, head, reduce_partials, rows_per_group, wide, widen, LANES,
+    at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, LANES,
 };
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
@@ -207,7 +207,7 @@ fn bwd_sum<T: Element, V: Lanes<T>, const DX: bool, const P: bool>(
 }
 
 /// One backward task: a group of rows, their `dx` (empty unless `DX`) and,
-/// if `P`, a fresh dgamma partial row of `d` that it returns.
+/// if `P`, its dgamma partial row of `d` (zeroed here).
 struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     x: &'a [T],
     dy: &'a [T],
@@ -215,17 +215,18 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     dx: &'a mut [T],
     gamma: &'a [Acc<T>],
     d: usize,
+    part: &'a mut [Acc<T>],
 }
 
 impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
     for Bwd<'_, T, DX, P, NT>
 {
-    type Output = Vec<Acc<T>>;
+    type Output = ();
 
     /// Per row: pass A ([`bwd_sum`]), then pass B (row in cache):
     /// `dx = r * (g - xhat * mean(g * xhat))`.
     #[inline(always)]
-    fn run<V: Lanes<T>>(self) -> Vec<Acc<T>> {
+    fn run<V: Lanes<T>>(self) {
         let Bwd {
             x,
             dy,
@@ -233,11 +234,12 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
             dx,
             gamma,
             d,
+            part: pg,
         } = self;
-        let mut pg = vec![Acc::<T>::zero(); if P { d } else { 0 }];
+        pg.fill(Acc::<T>::zero());
         let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
         for (i, ((xr, dyr), &r)) in rows.zip(rstd).enumerate() {
-            let s = bwd_sum::<T, V, DX, P>(xr, dyr, gamma, r, &mut pg);
+            let s = bwd_sum::<T, V, DX, P>(xr, dyr, gamma, r, pg);
             if DX {
                 let Some(dxr) = dx.get_mut(i * d..(i + 1) * d) else {
                     continue;
@@ -266,11 +268,11 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
             }
         }
         fence::<NT>();
-        pg
     }
 }
 
-/// Runs the backward groups and returns their partial rows in group order.
+/// Runs the backward groups, group `k` filling row `k` of `parts` (rows of
+/// `d`) with its dgamma partials if `P`.
 #[allow(clippy::too_many_arguments)]
 fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
     x: &[T],
@@ -280,8 +282,10 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
     gamma: &[Acc<T>],
     d: usize,
     rpg: usize,
-) -> Vec<Vec<Acc<T>>> {
+    parts: &mut [Acc<T>],
+) {
     let mut dx_groups = dx.chunks_mut(rpg * d);
+    let mut part_rows = parts.chunks_mut(d);
     let jobs: Vec<Bwd<'_, T, DX, P, NT>> = x
         .chunks(rpg * d)
         .zip(dy.chunks(rpg * d))
@@ -297,9 +301,14 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             },
             gamma,
             d,
+            part: if P {
+                part_rows.next().unwrap_or_default()
+            } else {
+                Default::default()
+            },
         })
         .collect();
-    dispatch_all(jobs)
+    dispatch_all(jobs);
 }
 
 /// RMSNorm backward: `(dx, dgamma)`, `None` where not asked for.
@@ -311,11 +320,14 @@ pub(crate) fn backward<T: Element>(
     rstd: &[Acc<T>],
     want_dx: bool,
     want_dgamma: bool,
-) -> (Option<Buffer<T>>, Option<Vec<T>>) {
+) -> (Option<Buffer<T>>, Option<Vec<T>>)
+where
+    Acc<T>: Element,
+{
     let n = x.len() / d;
     let g = match gamma {
         Some(_) => widen(gamma),
-        None => vec![Acc::<T>::one(); d],
+        None => vec![<Acc<T> as One>::one(); d],
     };
     let rpg = rows_per_group(n, d);
     let mut dx = if want_dx {
@@ -331,7 +343,12 @@ pub(crate) fn backward<T: Element>(
         (false, true, _) => bwd_launch::<T, false, true, false>,
         (false, false, _) => bwd_launch::<T, false, false, false>,
     };
-    let parts = run(x, dy, rstd, &mut dx, &g, d, rpg);
+    let mut parts = if want_dgamma {
+        partial_rows(x.len().div_ceil(rpg * d), d)
+    } else {
+        Buffer::default()
+    };
+    run(x, dy, rstd, &mut dx, &g, d, rpg, &mut parts);
     let dgamma = want_dgamma.then(|| {
         reduce_partials(&parts, d)
             .into_iter()

@@ -152,6 +152,21 @@ pub fn set_segmented(on: bool) {
     SEGMENTED.store(on, Ordering::Relaxed)
 }
 
+static LONG_FWD_TASKS: AtomicBool = AtomicBool::new(true);
+
+/// Whether a LayerNorm forward task over rows in lockstep spans several
+/// steps (on unless turned off by [`set_long_fwd_tasks`]).
+pub fn long_fwd_tasks() -> bool {
+    LONG_FWD_TASKS.load(Ordering::Relaxed)
+}
+
+/// Turns [`long_fwd_tasks`] on or off (process-wide; for benchmarks that
+/// measure what it is worth). It changes only the speed: forward rows are
+/// independent, so how they are cut into tasks changes no bits.
+pub fn set_long_fwd_tasks(on: bool) {
+    LONG_FWD_TASKS.store(on, Ordering::Relaxed)
+}
+
 /// Turns lockstep rows on or off (process-wide; for benchmarks that
 /// measure what it is worth). It changes only the speed: every row's
 /// arithmetic, and the order in which rows are added into dgamma/dbeta,

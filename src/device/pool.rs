@@ -6,8 +6,9 @@
 //! tensor's storage drops, its vector goes back here, and the next request
 //! for the same length reuses it. Small buffers go straight to the allocator.
 //! The cache holds at most [`MAX_CACHED_BYTES`] (and [`MAX_BUFFERS`]
-//! buffers) per element type; a buffer that does not fit evicts the oldest
-//! ones, so the cache follows the sizes in use now.
+//! buffers) per element type, not counting up to [`SLACK_BYTES`] per buffer
+//! of alignment slack ([`Buffer`]); a buffer that does not fit evicts the
+//! oldest ones, so the cache follows the sizes in use now.
 
 use crate::dtype::Element;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +34,12 @@ pub const MIN_POOLED_BYTES: usize = 1 << 20;
 pub const MAX_CACHED_BYTES: usize = 1 << 30;
 /// At most this many buffers are kept per element type.
 pub const MAX_BUFFERS: usize = 32;
+/// The slack a [`Buffer`] takes beyond its length to start 64-byte
+/// aligned. The cache's byte limit allows it per buffer: without that, two
+/// 512 MiB outputs (`y` and `dx` of 2048 x 65536 f32) overran 1 GiB by 128
+/// bytes, so every step evicted one and faulted 512 MiB of fresh pages in
+/// again.
+pub const SLACK_BYTES: usize = 64;
 
 /// Free buffers of one element type.
 pub struct Pool<T> {
@@ -75,12 +82,14 @@ impl<T: Element> Pool<T> {
         if bytes < MIN_POOLED_BYTES || v.len() != v.capacity() || !enabled() {
             return;
         }
-        if bytes > self.limit {
+        if bytes > self.limit + SLACK_BYTES {
             return;
         }
         let mut evicted = Vec::new();
         if let Ok(mut g) = self.free.lock() {
-            while !g.0.is_empty() && (g.0.len() >= MAX_BUFFERS || g.1 + bytes > self.limit) {
+            let room = |k: usize| self.limit + SLACK_BYTES * k;
+            while !g.0.is_empty() && (g.0.len() >= MAX_BUFFERS || g.1 + bytes > room(g.0.len() + 1))
+            {
                 let old = g.0.remove(0);
                 g.1 -= old.len() * std::mem::size_of::<T>();
                 evicted.push(old);
@@ -130,7 +139,7 @@ pub struct Buffer<T: Element> {
 
 impl<T: Element> Buffer<T> {
     /// Elements of slack that let a buffer start 64-byte aligned.
-    const PAD: usize = 64_usize.div_ceil(std::mem::size_of::<T>());
+    const PAD: usize = SLACK_BYTES.div_ceil(std::mem::size_of::<T>());
 
     /// A buffer of `n` elements, 64-byte aligned where the element size
     /// allows, recycled from the pool when one of that size is free
@@ -237,6 +246,39 @@ mod tests {
         let b = Buffer::<f32>::take(BIG);
         drop(b);
         assert_eq!(Buffer::<f32>::take(BIG).as_ptr() as usize % 64, 0);
+    }
+
+    #[test]
+    fn a_cache_of_two_buffers_holds_two_kernel_outputs() {
+        // Two outputs of half the limit each, with their alignment slack.
+        let p = Pool::<f32>::with_limit(2 * BIG * 4);
+        let (a, b) = (
+            p.take(BIG + Buffer::<f32>::PAD),
+            p.take(BIG + Buffer::<f32>::PAD),
+        );
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        p.give(a);
+        p.give(b);
+        assert_eq!(p.cached_bytes(), 2 * (BIG * 4 + SLACK_BYTES));
+        let got = [
+            p.take(BIG + Buffer::<f32>::PAD),
+            p.take(BIG + Buffer::<f32>::PAD),
+        ];
+        assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pb, pa]);
+        // A third evicts the oldest (`pb`, given back first).
+        for v in got {
+            p.give(v);
+        }
+        let third = vec![0.0f32; BIG + Buffer::<f32>::PAD];
+        let pc = third.as_ptr();
+        p.give(third);
+        assert_eq!(p.cached_bytes(), 2 * (BIG * 4 + SLACK_BYTES));
+        let got = [
+            p.take(BIG + Buffer::<f32>::PAD),
+            p.take(BIG + Buffer::<f32>::PAD),
+        ];
+        assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pc, pa]);
+        assert_eq!(p.cached_bytes(), 0);
     }
 
     #[test]
