@@ -16,7 +16,8 @@ use std::time::Instant;
 
 type Switch = (&'static str, fn(bool));
 
-const SWITCHES: [Switch; 7] = [
+const SWITCHES: [Switch; 8] = [
+    ("statistics first", cpu::set_stats_first),
     ("long forward tasks", cpu::set_long_fwd_tasks),
     ("lockstep rows", cpu::set_lockstep),
     ("runs of long rows", cpu::set_segmented),

@@ -36,8 +36,8 @@ pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
     dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, long_fwd_tasks, overlap,
     paired_partials, prefetch, prefetch_next, rows_in_step, rows_per_chunk, segmented,
-    should_stream, write_rows, write_rows_with, Kernel, Lanes, ROWS_IN_STEP, STEP_ROW_BYTES,
-    UNROLL,
+    should_stream, stats_first, write_rows, write_rows_with, Kernel, Lanes, ROWS_IN_STEP,
+    STATS_FIRST_ROWS, STEP_ROW_BYTES, UNROLL,
 };
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
@@ -298,6 +298,8 @@ struct Fwd<'a, T: Element, const G: bool, const B: bool, const NT: bool> {
     beta: &'a [Acc<T>],
     d: usize,
     eps: Acc<T>,
+    /// Rows ahead that the output pass prefetches (at least `R`).
+    ahead_rows: usize,
 }
 
 impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, B, NT> {
@@ -310,7 +312,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd
     /// `x` streams in while `y` streams out: for rows taken one at a time,
     /// the next row's variance pass and the mean pass of the row after it
     /// (no pass then runs on its own); for rows in lockstep, the next rows'
-    /// mean pass.
+    /// mean pass. Rows too short for that may go [`stats_first`].
     #[inline(always)]
     fn run<V: Lanes<T>>(mut self) {
         let n = self.mean.len().min(self.rstd.len());
@@ -324,6 +326,12 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd
             while i + S <= n {
                 ahead = self.rows::<V, S>(i, ahead, fuse && i + 2 * S <= n, false);
                 i += S;
+            }
+        }
+        if !fuse && stats_first(row_bytes) {
+            while i + STATS_FIRST_ROWS <= n {
+                self.stats_first::<V>(i);
+                i += STATS_FIRST_ROWS;
             }
         }
         let mut ahead = Ahead::default();
@@ -355,6 +363,32 @@ impl<A, const R: usize> Default for Ahead<A, R> {
 }
 
 impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, NT> {
+    /// Rows `i..i + STATS_FIRST_ROWS`, one at a time: the statistics
+    /// passes of all of them back to back, then their output passes, which
+    /// prefetch the rows as many rows ahead (see [`stats_first`]). Each
+    /// row's arithmetic is that of [`Fwd::rows`], so the bits are too.
+    #[inline(always)]
+    fn stats_first<V: Lanes<T>>(&mut self, i: usize) {
+        const K: usize = STATS_FIRST_ROWS;
+        let mut st = [(Acc::<T>::zero(), Acc::<T>::zero()); K];
+        for (k, o) in st.iter_mut().enumerate() {
+            let xr = rows_at::<T, 1>(self.x, i + k, self.d);
+            let [m] = MeanPass::<T, V, 1>::new(xr).run(false);
+            let [sq] = VarPass::<T, V, 1>::new(xr, [m]).run(false);
+            *o = (m, sq);
+        }
+        self.ahead_rows = K;
+        for (k, (m, sq)) in st.into_iter().enumerate() {
+            let have = Ahead {
+                m: Some([m]),
+                sq: Some([sq]),
+                m_after: None,
+            };
+            self.rows::<V, 1>(i + k, have, false, false);
+        }
+        self.ahead_rows = 1;
+    }
+
     /// Rows `i..i + R`, in lockstep: the mean and variance passes (unless
     /// `have` has them already), then the output pass. With `next`, the
     /// output pass carries a pass over rows `i + R..i + 2R`: their mean pass
@@ -404,7 +438,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
             #[inline(always)]
             |k: usize, i: usize| unsafe {
                 if ahead {
-                    prefetch_next(xr[k], R * d, i);
+                    prefetch_next(xr[k], R.max(self.ahead_rows) * d, i);
                 }
                 let mut v = xhat_at(xr[k], i, mv[k], rv[k]);
                 if G {
@@ -548,6 +582,7 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
             beta,
             d,
             eps,
+            ahead_rows: 1,
         })
     };
     let rpc = fwd_rows_per_task(d * std::mem::size_of::<T>(), rows_per_chunk(d));
@@ -1363,6 +1398,34 @@ mod tests {
                 assert!(close(db[j], wb), "dbeta[{j}] {} vs {wb}", db[j]);
                 assert!(close(rdg[j], wr), "rms dgamma[{j}] {} vs {wr}", rdg[j]);
             }
+        }
+    }
+
+    #[test]
+    fn statistics_first_changes_no_bits() {
+        let _hold = SEGMENTED.lock();
+        use crate::device::cpu::{set_stats_first, STATS_FIRST_ROW_BYTES};
+        let mut rng = Rng::new(31);
+        // Whole batches plus a remainder; rows of whole lanes, and rows
+        // that are not (so their alignment varies and they have tails).
+        for (n, d) in [
+            (8 * 9 + 5, 128usize),
+            (8 * 7 + 3, 100),
+            (8 * 5, 64),
+            (19, 7),
+        ] {
+            assert!(d * 4 <= STATS_FIRST_ROW_BYTES);
+            let (x, dy, g, b) = case(&mut rng, n, d, 3.0, 1.0);
+            let old = stream_threshold();
+            for stream in [usize::MAX, 0] {
+                set_stream_threshold(stream);
+                set_stats_first(false);
+                let want = outputs(&x, &dy, &g, &b, d);
+                set_stats_first(true);
+                let got = outputs(&x, &dy, &g, &b, d);
+                assert!(got == want, "n={n} d={d} stream={stream}");
+            }
+            set_stream_threshold(old);
         }
     }
 
