@@ -1261,19 +1261,31 @@ mod tests {
         out
     }
 
+    /// `x`, `dy`, `gamma`, `beta`.
+    type Case = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
     /// Random `x`, `dy` (`n * d` each), `gamma` and `beta` (`d` each), in
     /// that order: normals times `a` plus `b`.
-    #[allow(clippy::type_complexity)]
-    fn case(
-        rng: &mut Rng,
-        n: usize,
-        d: usize,
-        a: f64,
-        b: f64,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn case(rng: &mut Rng, n: usize, d: usize, a: f64, b: f64) -> Case {
         let mut v =
             |k: usize| -> Vec<f32> { (0..k).map(|_| (rng.normal() * a + b) as f32).collect() };
         (v(n * d), v(n * d), v(d), v(d))
+    }
+
+    /// Asserts that every output is the same, streamed and not, with a
+    /// speed switch `set` off and on (left on).
+    fn same_bits_either_way(set: fn(bool), case: &Case, d: usize) {
+        let (x, dy, g, b) = case;
+        let old = stream_threshold();
+        for stream in [usize::MAX, 0] {
+            set_stream_threshold(stream);
+            set(false);
+            let want = outputs(x, dy, g, b, d);
+            set(true);
+            let got = outputs(x, dy, g, b, d);
+            assert!(got == want, "n={} d={d} stream={stream}", x.len() / d);
+        }
+        set_stream_threshold(old);
     }
 
     /// Held by the tests that flip [`set_segmented`] or depend on it
@@ -1328,17 +1340,7 @@ mod tests {
         // whose rows all share an alignment.
         for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
             assert_eq!(rows_in_step(d * 4), ROWS_IN_STEP, "d={d}");
-            let (x, dy, g, b) = case(&mut rng, n, d, 2.0, -0.5);
-            let old = stream_threshold();
-            for stream in [usize::MAX, 0] {
-                set_stream_threshold(stream);
-                set_lockstep(false);
-                let want = outputs(&x, &dy, &g, &b, d);
-                set_lockstep(true);
-                let got = outputs(&x, &dy, &g, &b, d);
-                assert!(got == want, "n={n} d={d} stream={stream}");
-            }
-            set_stream_threshold(old);
+            same_bits_either_way(set_lockstep, &case(&mut rng, n, d, 2.0, -0.5), d);
         }
     }
 
@@ -1350,21 +1352,13 @@ mod tests {
         // Several tasks either way, the last one short.
         for (n, d) in [(150usize, 4096usize), (70, 16384)] {
             let rpc = rows_per_chunk(d);
-            let (x, dy, g, b) = case(&mut rng, n, d, 1.5, 3.0);
-            let old = stream_threshold();
-            for stream in [usize::MAX, 0] {
-                set_stream_threshold(stream);
-                set_long_fwd_tasks(false);
-                assert_eq!(fwd_rows_per_task(d * 4, rpc), rpc, "d={d}");
-                let want = outputs(&x, &dy, &g, &b, d);
-                set_long_fwd_tasks(true);
-                let rows = fwd_rows_per_task(d * 4, rpc);
-                assert_eq!(rows, FWD_TASK_STEPS * ROWS_IN_STEP, "d={d}");
-                assert!(n > rows && n % rows != 0, "n={n} d={d}");
-                let got = outputs(&x, &dy, &g, &b, d);
-                assert!(got == want, "n={n} d={d} stream={stream}");
-            }
-            set_stream_threshold(old);
+            set_long_fwd_tasks(false);
+            assert_eq!(fwd_rows_per_task(d * 4, rpc), rpc, "d={d}");
+            set_long_fwd_tasks(true);
+            let rows = fwd_rows_per_task(d * 4, rpc);
+            assert_eq!(rows, FWD_TASK_STEPS * ROWS_IN_STEP, "d={d}");
+            assert!(n > rows && n % rows != 0, "n={n} d={d}");
+            same_bits_either_way(set_long_fwd_tasks, &case(&mut rng, n, d, 1.5, 3.0), d);
         }
     }
 
@@ -1415,17 +1409,7 @@ mod tests {
             (19, 7),
         ] {
             assert!(d * 4 <= STATS_FIRST_ROW_BYTES);
-            let (x, dy, g, b) = case(&mut rng, n, d, 3.0, 1.0);
-            let old = stream_threshold();
-            for stream in [usize::MAX, 0] {
-                set_stream_threshold(stream);
-                set_stats_first(false);
-                let want = outputs(&x, &dy, &g, &b, d);
-                set_stats_first(true);
-                let got = outputs(&x, &dy, &g, &b, d);
-                assert!(got == want, "n={n} d={d} stream={stream}");
-            }
-            set_stream_threshold(old);
+            same_bits_either_way(set_stats_first, &case(&mut rng, n, d, 3.0, 1.0), d);
         }
     }
 

@@ -251,32 +251,25 @@ mod tests {
     #[test]
     fn a_cache_of_two_buffers_holds_two_kernel_outputs() {
         // Two outputs of half the limit each, with their alignment slack.
+        let n = BIG + Buffer::<f32>::PAD;
         let p = Pool::<f32>::with_limit(2 * BIG * 4);
-        let (a, b) = (
-            p.take(BIG + Buffer::<f32>::PAD),
-            p.take(BIG + Buffer::<f32>::PAD),
-        );
+        let two = || [p.take(n), p.take(n)];
+        let [a, b] = two();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         p.give(a);
         p.give(b);
         assert_eq!(p.cached_bytes(), 2 * (BIG * 4 + SLACK_BYTES));
-        let got = [
-            p.take(BIG + Buffer::<f32>::PAD),
-            p.take(BIG + Buffer::<f32>::PAD),
-        ];
+        let got = two();
         assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pb, pa]);
         // A third evicts the oldest (`pb`, given back first).
         for v in got {
             p.give(v);
         }
-        let third = vec![0.0f32; BIG + Buffer::<f32>::PAD];
+        let third = vec![0.0f32; n];
         let pc = third.as_ptr();
         p.give(third);
         assert_eq!(p.cached_bytes(), 2 * (BIG * 4 + SLACK_BYTES));
-        let got = [
-            p.take(BIG + Buffer::<f32>::PAD),
-            p.take(BIG + Buffer::<f32>::PAD),
-        ];
+        let got = two();
         assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pc, pa]);
         assert_eq!(p.cached_bytes(), 0);
     }
