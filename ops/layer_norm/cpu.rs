@@ -1163,11 +1163,7 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             },
             gamma,
             d,
-            part: if P {
-                part_rows.next().unwrap_or_default()
-            } else {
-                Default::default()
-            },
+            part: part_rows.next().unwrap_or_default(),
         })
         .collect();
     dispatch_all(jobs);
@@ -1255,7 +1251,7 @@ mod tests {
             bits(&ry),
             bits(&rr),
         ];
-        for v in [bw.dx, bw.dgamma, bw.dbeta, rdx, rdg.map(Buffer::from_vec)] {
+        for v in [bw.dx, bw.dgamma, bw.dbeta, rdx, rdg] {
             out.push(bits(&v.unwrap_or_default()));
         }
         out

@@ -301,11 +301,7 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             },
             gamma,
             d,
-            part: if P {
-                part_rows.next().unwrap_or_default()
-            } else {
-                Default::default()
-            },
+            part: part_rows.next().unwrap_or_default(),
         })
         .collect();
     dispatch_all(jobs);
@@ -320,7 +316,7 @@ pub(crate) fn backward<T: Element>(
     rstd: &[Acc<T>],
     want_dx: bool,
     want_dgamma: bool,
-) -> (Option<Buffer<T>>, Option<Vec<T>>)
+) -> (Option<Buffer<T>>, Option<Buffer<T>>)
 where
     Acc<T>: Element,
 {
@@ -350,10 +346,8 @@ where
     };
     run(x, dy, rstd, &mut dx, &g, d, rpg, &mut parts);
     let dgamma = want_dgamma.then(|| {
-        reduce_partials(&parts, d)
-            .into_iter()
-            .map(T::from_acc)
-            .collect()
+        let sums = reduce_partials(&parts, d);
+        Buffer::from_vec(sums.into_iter().map(T::from_acc).collect())
     });
     (want_dx.then_some(dx), dgamma)
 }
