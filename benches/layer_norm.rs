@@ -37,12 +37,12 @@ fn inputs(n: usize, d: usize) -> Inputs {
             })
             .collect()
     };
-    let t = |shape: Vec<usize>, data: Vec<f32>| Tensor::from_vec(shape, data).expect("shape");
+    let t = |shape: &[usize], data: Vec<f32>| Tensor::from_slice(shape, &data).expect("shape");
     Inputs {
-        x: t(vec![n, d], v(n * d)),
-        dy: t(vec![n, d], v(n * d)),
-        gamma: t(vec![d], v(d)),
-        beta: t(vec![d], v(d)),
+        x: t(&[n, d], v(n * d)),
+        dy: t(&[n, d], v(n * d)),
+        gamma: t(&[d], v(d)),
+        beta: t(&[d], v(d)),
     }
 }
 

@@ -63,10 +63,11 @@ fn main() -> fusegrad::Result<()> {
             .map(|i| ((i * 7919) % 997) as f32 * 0.01)
             .collect();
         let dys: Vec<f32> = xs.iter().map(|v| 1.0 - v * 0.3).collect();
-        let x = Tensor::from_vec(vec![n, d], xs)?;
-        let dy = Tensor::from_vec(vec![n, d], dys)?;
-        let g = Tensor::from_vec(vec![d], vec![1.5f32; d])?;
-        let b = Tensor::from_vec(vec![d], vec![0.5f32; d])?;
+        let x = Tensor::from_slice(&[n, d], &xs)?;
+        let dy = Tensor::from_slice(&[n, d], &dys)?;
+        drop((xs, dys));
+        let g = Tensor::full(&[d], 1.5f32)?;
+        let b = Tensor::full(&[d], 0.5f32)?;
         // One training step, timed as (forward, backward).
         let step = || -> fusegrad::Result<[f64; 2]> {
             let s = Instant::now();

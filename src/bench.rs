@@ -151,10 +151,13 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
         });
     }
     let mut rng = Rng::new(42);
-    let x = Tensor::from_vec(vec![n, d], random(&mut rng, numel))?;
-    let dy = Tensor::from_vec(vec![n, d], random(&mut rng, numel))?;
-    let gamma = Tensor::from_vec(vec![d], random(&mut rng, d))?;
-    let beta = Tensor::from_vec(vec![d], random(&mut rng, d))?;
+    // Inputs as fusegrad allocates them (and as an earlier op would hand
+    // them on): 64-byte aligned. A vector kept by `Tensor::from_vec` starts
+    // where the allocator put it (see `docs/performance.md`).
+    let x = Tensor::from_slice(&[n, d], &random(&mut rng, numel))?;
+    let dy = Tensor::from_slice(&[n, d], &random(&mut rng, numel))?;
+    let gamma = Tensor::from_slice(&[d], &random(&mut rng, d))?;
+    let beta = Tensor::from_slice(&[d], &random(&mut rng, d))?;
 
     // Each forward records on a fresh tape, as a training step would.
     let fwd = || -> Result<Var<f32>> {

@@ -1215,6 +1215,11 @@ fn tensor_creation_overflow_and_oom_are_errors() {
         Tensor::<f32>::from_vec(vec![2, 3], vec![0.0; 5]),
         Err(Error::ElementCount { len: 5, .. })
     ));
+    assert!(matches!(
+        Tensor::<f32>::from_slice(&[2, 3], &[0.0; 7]),
+        Err(Error::ElementCount { len: 7, .. })
+    ));
+    assert!(is_too_large(&Tensor::<f32>::from_slice(&[m, m], &[])));
     // A zero dim makes any shape empty and valid.
     let e = Tensor::<f32>::zeros(&[m, m, 0]).unwrap();
     assert_eq!(e.numel(), 0);

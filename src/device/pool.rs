@@ -145,9 +145,39 @@ impl<T: Element> Buffer<T> {
     /// allows, recycled from the pool when one of that size is free
     /// (contents unspecified: callers overwrite every element).
     pub(crate) fn take(n: usize) -> Self {
-        let v = T::pool().take(n + Self::PAD);
+        Self::within(T::pool().take(n + Self::PAD), n)
+    }
+
+    /// `n` elements of `v` (which holds at least `n + PAD`), from its
+    /// first 64-byte boundary.
+    fn within(v: Vec<T>, n: usize) -> Self {
         let off = v.as_ptr().align_offset(64).min(Self::PAD);
         Buffer { v, off, len: n }
+    }
+
+    /// A copy of `s`, 64-byte aligned (see [`Buffer::take`]).
+    pub(crate) fn copied(s: &[T]) -> Self {
+        let mut b = Self::take(s.len());
+        b.copy_from_slice(s);
+        b
+    }
+
+    /// `n` elements made by `f(i)` in order, 64-byte aligned.
+    pub(crate) fn from_fn(n: usize, mut f: impl FnMut(usize) -> T) -> Self {
+        let mut b = Self::take(n);
+        for (i, o) in b.iter_mut().enumerate() {
+            *o = f(i);
+        }
+        b
+    }
+
+    /// `n` copies of `x`, 64-byte aligned, or `None` if the allocator
+    /// refuses the memory.
+    pub(crate) fn try_filled(n: usize, x: T) -> Option<Self> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n.checked_add(Self::PAD)?).ok()?;
+        v.resize(n + Self::PAD, x);
+        Some(Self::within(v, n))
     }
 
     /// A user's vector, as it is.
