@@ -1,6 +1,7 @@
 //! Interleaved A/B of the LayerNorm kernel switches, one shape at a time:
-//! each rep times the fused forward and backward with a switch off, then
-//! on, so a slow spell on a shared machine hits both sides alike. Prints
+//! each rep times the fused forward and backward with a switch off and
+//! on (each side first in every other rep), so a slow spell on a shared
+//! machine hits both sides alike. Prints
 //! the medians of fwd+bwd time and the on/off ratios of fwd+bwd, of the
 //! forward alone and of the backward alone.
 //!
@@ -86,8 +87,11 @@ fn main() -> fusegrad::Result<()> {
         for (name, set) in SWITCHES.into_iter().filter(|(n, _)| n.contains(&only)) {
             // t[on][0 fwd, 1 bwd, 2 both]
             let mut t: [[Vec<f64>; 3]; 2] = Default::default();
-            for _ in 0..reps {
-                for on in [false, true] {
+            for rep in 0..reps {
+                // Alternate which side goes first, so neither always runs
+                // after the other's step.
+                for k in 0..2 {
+                    let on = (rep + k) % 2 == 1;
                     set(on);
                     let [f, b] = step()?;
                     for (k, v) in [f, b, f + b].into_iter().enumerate() {

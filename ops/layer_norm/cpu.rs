@@ -1400,6 +1400,7 @@ mod tests {
         // that are not (so their alignment varies and they have tails).
         for (n, d) in [
             (8 * 9 + 5, 128usize),
+            (8 * 3 + 1, 256),
             (8 * 7 + 3, 100),
             (8 * 5, 64),
             (19, 7),

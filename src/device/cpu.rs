@@ -843,7 +843,7 @@ static STATS_FIRST: AtomicBool = AtomicBool::new(true);
 pub const STATS_FIRST_ROWS: usize = 8;
 
 /// The longest row, in bytes, that goes [`stats_first`].
-pub const STATS_FIRST_ROW_BYTES: usize = 512;
+pub const STATS_FIRST_ROW_BYTES: usize = 1024;
 
 /// Whether the LayerNorm forward runs the statistics passes of
 /// [`STATS_FIRST_ROWS`] rows of `row_bytes` back to back, then their output
@@ -853,8 +853,10 @@ pub const STATS_FIRST_ROW_BYTES: usize = 512;
 /// as long as the row's loads; back to back, one row's chain overlaps the
 /// next row's loads. Measured here, forward time on over off (31 reps,
 /// interleaved): 0.84, 0.91 and 0.94 at 32768 x 128, 0.82 at 65536 x 64,
-/// 0.89 at 131072 x 32. The backward's pass A gained nothing this way
-/// (0.98-1.05), and rows of 1 KiB lost (fwd+bwd 1.07 at 65536 x 256).
+/// 0.89 at 131072 x 32; with 64-byte aligned inputs, 0.92-0.98 at
+/// 65536 x 256 and 0.94-0.96 at 32768 x 256 and 16384 x 256 (1 KiB rows
+/// had lost, 1.07, while the inputs started off a cache line). The
+/// backward's pass A gained nothing this way (0.98-1.05).
 #[inline(always)]
 pub fn stats_first(row_bytes: usize) -> bool {
     STATS_FIRST.load(Ordering::Relaxed) && row_bytes <= STATS_FIRST_ROW_BYTES
