@@ -9,6 +9,12 @@ does not. Install it into a separate environment, for example
 then run `fusegrad bench --json > fg.json` (or the bench example) and, right
 after, `/work/torchenv/bin/python scripts/bench_torch.py --fusegrad fg.json`.
 
+On a shared machine the two runs can land in different spells of load. With
+`--rounds K` the script instead alternates, shape by shape, a run of the
+bench example (`--fusegrad-bin`, built by `cargo build --release --example
+bench`) on that one shape and the PyTorch timing, K times, and reports every
+round's ratio and their median.
+
 PyTorch runs with 2 threads and its default CPU allocator (glibc malloc), as
 most users run it. Forward records the graph (grad mode on), as fusegrad's
 does; backward is `torch.autograd.grad`, which returns fresh dx, dgamma and
@@ -19,6 +25,7 @@ Effective GB/s count the same minimal bytes as `fusegrad bench`.
 import argparse
 import json
 import statistics
+import subprocess
 import time
 
 import torch
@@ -57,14 +64,43 @@ def measure(n, d, budget):
             "gbps": min_bytes / (fwd_s + bwd_s) / 1e9}
 
 
+def fusegrad_time(binary, n, d, budget):
+    """fwd + bwd seconds of one run of the bench example on one shape."""
+    out = subprocess.run([binary, "--json", "--no-composed", "--budget", str(budget),
+                          "--shape", f"{n}x{d}"], check=True, capture_output=True, text=True)
+    r = json.loads(out.stdout)["shapes"][0]
+    return r["fwd_s"] + r["bwd_s"]
+
+
+def interleaved(shapes, rounds, binary, budget):
+    """Per shape, `rounds` alternations of fusegrad and torch; the ratios."""
+    for n, d in shapes:
+        ratios = []
+        for _ in range(rounds):
+            f = fusegrad_time(binary, n, d, budget)
+            r = measure(n, d, budget)
+            ratios.append((r["fwd_s"] + r["bwd_s"]) / f)
+        med = statistics.median(ratios)
+        print(f"{n:>7} x {d:<6} fusegrad/torch speed, {rounds} rounds: "
+              + ", ".join(f"{x:.2f}x" for x in ratios) + f"   median {med:.2f}x", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--budget", type=float, default=1.0, help="seconds per pass per shape")
     ap.add_argument("--fusegrad", help="JSON from `fusegrad bench --json`, for the ratio")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="alternate fusegrad and torch this many times per shape")
+    ap.add_argument("--fusegrad-bin", default="target/release/examples/bench",
+                    help="the bench example, for --rounds")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.rounds > 0:
+        interleaved(SHAPES, args.rounds, args.fusegrad_bin, args.budget)
+        print(f"torch {torch.__version__}, {args.threads} threads, default allocator")
+        return
     fg = {}
     if args.fusegrad:
         with open(args.fusegrad) as f:
