@@ -151,8 +151,8 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
         });
     }
     let mut rng = Rng::new(42);
-    // Inputs as fusegrad allocates them (and as an earlier op would hand
-    // them on): 64-byte aligned. A vector kept by `Tensor::from_vec` starts
+    // Inputs as `from_slice` and the LayerNorm and elementwise outputs
+    // hand them on: 64-byte aligned. A vector kept by `Tensor::from_vec` starts
     // where the allocator put it (see `docs/performance.md`).
     let x = Tensor::from_slice(&[n, d], &random(&mut rng, numel))?;
     let dy = Tensor::from_slice(&[n, d], &random(&mut rng, numel))?;

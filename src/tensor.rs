@@ -135,7 +135,8 @@ impl<T: Element> Tensor<T> {
     }
 
     /// Builds a CPU tensor from a copy of `data` in row-major order. Like
-    /// every buffer fusegrad allocates (and unlike a vector handed to
+    /// the other constructors that allocate, the kernels' outputs and the
+    /// same-shape elementwise outputs (and unlike a vector handed to
     /// [`Tensor::from_vec`], which is kept as it is), the copy starts on a
     /// 64-byte cache line, which the row kernels read fastest.
     pub fn from_slice(shape: &[usize], data: &[T]) -> Result<Self> {
