@@ -1,7 +1,8 @@
 //! Shared kernels for elementwise ops: unary maps and broadcasting binary
 //! maps, computed in the element's accumulation type. Same-shape outputs
-//! come from the buffer pool, 64-byte aligned ([`Tensor::scratch`]).
+//! come from the buffer pool, 64-byte aligned ([`Buffer::collect`]).
 
+use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::shape::{alloc, broadcast_shapes, broadcast_strides, for_each_offset};
@@ -12,11 +13,8 @@ type Acc<T> = <T as Element>::Acc;
 /// `f` applied to every element.
 pub fn map<T: Element>(x: &Tensor<T>, f: impl Fn(Acc<T>) -> Acc<T>) -> Result<Tensor<T>> {
     let src = x.as_slice()?;
-    let mut out = Tensor::<T>::scratch(src.len());
-    for (o, &a) in out.iter_mut().zip(src) {
-        *o = T::from_acc(f(a.to_acc()));
-    }
-    Tensor::from_buffer(x.shape(), out)
+    let out = src.iter().map(|&a| T::from_acc(f(a.to_acc())));
+    Tensor::from_buffer(x.shape(), Buffer::collect(src.len(), out))
 }
 
 /// `f(a, b)` elementwise over two tensors of the same shape.
@@ -38,11 +36,9 @@ pub fn broadcast_zip<T: Element>(
 ) -> Result<Tensor<T>> {
     let (sa, sb) = (a.as_slice()?, b.as_slice()?);
     if a.shape() == b.shape() {
-        let mut out = Tensor::<T>::scratch(sa.len());
-        for ((o, &x), &y) in out.iter_mut().zip(sa).zip(sb) {
-            *o = T::from_acc(f(x.to_acc(), y.to_acc()));
-        }
-        return Tensor::from_buffer(a.shape(), out);
+        let out = sa.iter().zip(sb);
+        let out = out.map(|(&x, &y)| T::from_acc(f(x.to_acc(), y.to_acc())));
+        return Tensor::from_buffer(a.shape(), Buffer::collect(sa.len(), out));
     }
     let out = broadcast_shapes(op, a.shape(), b.shape())?;
     // The output can be far larger than either input: allocate fallibly.

@@ -140,14 +140,6 @@ impl<T: Element> Tensor<T> {
     /// [`Tensor::from_vec`], which is kept as it is), the copy starts on a
     /// 64-byte cache line, which the row kernels read fastest.
     pub fn from_slice(shape: &[usize], data: &[T]) -> Result<Self> {
-        let n = checked_numel("Tensor::from_slice", shape, std::mem::size_of::<T>())?;
-        if n != data.len() {
-            return Err(Error::ElementCount {
-                op: "Tensor::from_slice",
-                shape: shape.to_vec(),
-                len: data.len(),
-            });
-        }
         Self::wrap("Tensor::from_slice", shape, Buffer::copied(data))
     }
 
@@ -157,10 +149,7 @@ impl<T: Element> Tensor<T> {
         let shape = Dims::from_slice(a.shape());
         let data = match a.as_slice() {
             Some(s) => Buffer::copied(s),
-            None => {
-                let mut it = a.iter();
-                Buffer::from_fn(a.len(), |_| it.next().copied().unwrap_or_default())
-            }
+            None => Buffer::collect(a.len(), a.iter().copied()),
         };
         Tensor {
             shape,

@@ -1098,16 +1098,26 @@ pub(crate) struct Backward<T: Element> {
     pub dbeta: Option<Buffer<T>>,
 }
 
-/// The backward groups' partial rows: `groups` rows of `width`, one per
-/// group, in one buffer from the pool (each task zeroes its own row). As
+/// The backward groups' partial rows, if `want`: one row of `width` per
+/// group of `rpg` rows of `d` in `len` elements, in one buffer from the
+/// pool (each task zeroes its own row); else none. As
 /// fresh vectors, the 32 partial rows of 512 KiB at 2048 x 65536 f32
 /// faulted 16 MiB of new pages into every backward call. Measured here,
 /// backward time pooled over fresh (21 reps, interleaved, two runs):
 /// 0.91-0.94 at 1024 x 16384, 0.94-0.96 at 16384 x 1024, 0.96-0.99 at
 /// 8192 x 4096, 0.97-0.99 at 65536 x 256, 0.99 at 4096 x 768; 0.95 and
 /// 1.00 at 32768 x 128, 0.985 and 1.04 at 2048 x 65536.
-pub(crate) fn partial_rows<A: Element>(groups: usize, width: usize) -> Buffer<A> {
-    Buffer::take(groups * width)
+pub(crate) fn partial_rows<A: Element>(
+    want: bool,
+    len: usize,
+    (rpg, d): (usize, usize),
+    width: usize,
+) -> Buffer<A> {
+    if want {
+        Buffer::take(len.div_ceil(rpg * d) * width)
+    } else {
+        Buffer::default()
+    }
 }
 
 /// Sums the groups' partial rows (`parts`, rows of `width`) in group order,
@@ -1205,11 +1215,7 @@ where
         (false, true, _) => bwd_launch::<T, false, true, false>,
         (false, false, _) => bwd_launch::<T, false, false, false>,
     };
-    let mut parts = if want_p {
-        partial_rows(x.len().div_ceil(rpg * d), 2 * d)
-    } else {
-        Buffer::default()
-    };
+    let mut parts = partial_rows(want_p, x.len(), (rpg, d), 2 * d);
     run(x, dy, mean, rstd, &mut dx, &g, d, rpg, &mut parts);
     let (dgamma, dbeta) = if want_p {
         let sums = reduce_partials(&parts, 2 * d);

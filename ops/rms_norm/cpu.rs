@@ -339,11 +339,7 @@ where
         (false, true, _) => bwd_launch::<T, false, true, false>,
         (false, false, _) => bwd_launch::<T, false, false, false>,
     };
-    let mut parts = if want_dgamma {
-        partial_rows(x.len().div_ceil(rpg * d), d)
-    } else {
-        Buffer::default()
-    };
+    let mut parts = partial_rows(want_dgamma, x.len(), (rpg, d), d);
     run(x, dy, rstd, &mut dx, &g, d, rpg, &mut parts);
     let dgamma = want_dgamma.then(|| {
         let sums = reduce_partials(&parts, d);

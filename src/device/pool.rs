@@ -162,11 +162,12 @@ impl<T: Element> Buffer<T> {
         b
     }
 
-    /// `n` elements made by `f(i)` in order, 64-byte aligned.
-    pub(crate) fn from_fn(n: usize, mut f: impl FnMut(usize) -> T) -> Self {
+    /// The first `n` items of `it` (which yields at least `n`), 64-byte
+    /// aligned and from the pool when one of that size is free.
+    pub(crate) fn collect(n: usize, it: impl Iterator<Item = T>) -> Self {
         let mut b = Self::take(n);
-        for (i, o) in b.iter_mut().enumerate() {
-            *o = f(i);
+        for (o, v) in b.iter_mut().zip(it) {
+            *o = v;
         }
         b
     }
