@@ -258,9 +258,17 @@ fn rows_at<A, const R: usize>(x: &[A], i: usize, d: usize) -> [&[A]; R] {
 /// Rows `i..i + R` of `y`, mutable (each `d` long; empty past the end).
 #[inline(always)]
 fn rows_at_mut<A, const R: usize>(y: &mut [A], i: usize, d: usize) -> [&mut [A]; R] {
-    let block = y.get_mut(i * d..(i + R) * d).unwrap_or_default();
-    let mut rows = block.chunks_exact_mut(d.max(1));
-    std::array::from_fn(|_| rows.next().unwrap_or_default())
+    // Split off row by row: `chunks_exact_mut` divides by `d`, an integer
+    // division on every call.
+    let mut rest = y.get_mut(i * d..).unwrap_or_default();
+    std::array::from_fn(|_| {
+        if rest.len() < d {
+            return Default::default();
+        }
+        let (row, tail) = std::mem::take(&mut rest).split_at_mut(d);
+        rest = tail;
+        row
+    })
 }
 
 /// `xhat = (x - m) * r` for the lanes at `x[i..]`.
@@ -370,18 +378,21 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
     #[inline(always)]
     fn stats_first<V: Lanes<T>>(&mut self, i: usize) {
         const K: usize = STATS_FIRST_ROWS;
-        let mut st = [(Acc::<T>::zero(), Acc::<T>::zero()); K];
-        for (k, o) in st.iter_mut().enumerate() {
+        // Two arrays read back one value at a time: copied out whole, the
+        // array of pairs (written one scalar at a time) cost a failed
+        // store-to-load forward on every batch.
+        let (mut ms, mut sqs) = ([Acc::<T>::zero(); K], [Acc::<T>::zero(); K]);
+        for k in 0..K {
             let xr = rows_at::<T, 1>(self.x, i + k, self.d);
             let [m] = MeanPass::<T, V, 1>::new(xr).run(false);
             let [sq] = VarPass::<T, V, 1>::new(xr, [m]).run(false);
-            *o = (m, sq);
+            (ms[k], sqs[k]) = (m, sq);
         }
         self.ahead_rows = K;
-        for (k, (m, sq)) in st.into_iter().enumerate() {
+        for k in 0..K {
             let have = Ahead {
-                m: Some([m]),
-                sq: Some([sq]),
+                m: Some([ms[k]]),
+                sq: Some([sqs[k]]),
                 m_after: None,
             };
             self.rows::<V, 1>(i + k, have, false, false);
