@@ -1,0 +1,614 @@
+//! The fused LayerNorm backward kernel: pass A (row sums and the
+//! dgamma/dbeta partials), then pass B (`dx`).
+
+use super::*;
+
+/// Rows that pass A reads: `x`, `dy` and their saved statistics, as scalars
+/// and splatted.
+struct Rows<'a, T: Element, V: Lanes<T>, const R: usize> {
+    x: [&'a [T]; R],
+    dy: [&'a [T]; R],
+    m: [Acc<T>; R],
+    r: [Acc<T>; R],
+    mv: [V; R],
+    rv: [V; R],
+}
+
+impl<'a, T: Element, V: Lanes<T>, const R: usize> Rows<'a, T, V, R> {
+    #[inline(always)]
+    fn new(x: [&'a [T]; R], dy: [&'a [T]; R], (m, r): ([Acc<T>; R], [Acc<T>; R])) -> Self {
+        Rows {
+            x,
+            dy,
+            m,
+            r,
+            mv: splats::<T, V, R>(m),
+            rv: splats::<T, V, R>(r),
+        }
+    }
+
+    /// The shortest of the row slices.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.x
+            .iter()
+            .chain(&self.dy)
+            .map(|v| v.len())
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The rows cut to `n` elements.
+    #[inline(always)]
+    fn head(self, n: usize) -> Self {
+        Rows {
+            x: self.x.map(|v| head(v, n)),
+            dy: self.dy.map(|v| head(v, n)),
+            ..self
+        }
+    }
+
+    /// Row `s`'s chunk at `i`: `(xhat, dy)`; with `pf`, prefetches ahead
+    /// of it (rows read from memory, not the cached `prev`).
+    ///
+    /// # Safety
+    /// `i + LANES` within row `s`'s slices.
+    #[inline(always)]
+    unsafe fn load(&self, s: usize, i: usize, pf: bool) -> (V, V) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if pf {
+                prefetch::<T, R>(self.x[s], i);
+                prefetch::<T, R>(self.dy[s], i);
+            }
+            let xh = V::load_at(self.x[s], i).sub(self.mv[s]).mul(self.rv[s]);
+            (xh, V::load_at(self.dy[s], i))
+        }
+    }
+
+    /// Adds the rows' terms at `k` past the last whole chunk to the
+    /// partials, row after row.
+    #[inline(always)]
+    fn add_tail(&self, pg: &mut [Acc<T>], pb: &mut [Acc<T>], t: usize, n: usize) {
+        for s in 0..R {
+            for k in t..n {
+                let xh = (wide(self.x[s], k) - self.m[s]) * self.r[s];
+                let dyv = wide(self.dy[s], k);
+                if let (Some(pgv), Some(pbv)) = (pg.get_mut(k), pb.get_mut(k)) {
+                    *pgv += dyv * xh;
+                    *pbv += dyv;
+                }
+            }
+        }
+    }
+}
+
+/// Pass A of `R` backward rows in lockstep (reads `x`, `dy` from memory):
+/// `xhat = (x - m) * r`, `g = dy * gamma`; sums `g` and `g * xhat` per row
+/// (if `DX`) and adds the partials `pg += dy * xhat`, `pb += dy` (if `P`),
+/// row after row, so each partial sees the rows in row order whatever `R`
+/// is. [`PassA::chunk`] does one chunk (as [`each_chunk`] hands them out),
+/// [`PassA::finish`] folds and adds the elements past the last whole chunk,
+/// in order.
+///
+/// Paired partials: with `own` false the rows' partials are left to the
+/// next rows' pass A, which gets them as `prev` and adds them, then its
+/// own, in one read-modify-write of `pg`, `pb` (so the partial row is read
+/// and written once per two groups of rows, and every element still sees
+/// the rows in row order: the same bits).
+struct PassA<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize> {
+    cur: Rows<'a, T, V, R>,
+    prev: Option<Rows<'a, T, V, R>>,
+    /// Whether this pass adds its own rows' partials.
+    own: bool,
+    gamma: &'a [Acc<T>],
+    s1: [[V; UNROLL]; R],
+    s2: [[V; UNROLL]; R],
+    /// Elements per row that pass A covers (every slice is at least this
+    /// long).
+    n: usize,
+}
+
+impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
+    PassA<'a, T, V, DX, P, R>
+{
+    #[inline(always)]
+    fn new(
+        cur: Rows<'a, T, V, R>,
+        prev: Option<Rows<'a, T, V, R>>,
+        own: bool,
+        gamma: &'a [Acc<T>],
+        (pg, pb): (&[Acc<T>], &[Acc<T>]),
+    ) -> Self {
+        let zero = V::splat(Acc::<T>::zero());
+        let n = cur.len().min(gamma.len());
+        let n = prev.as_ref().map_or(n, |p| n.min(p.len()));
+        let n = if P { n.min(pg.len()).min(pb.len()) } else { n };
+        PassA {
+            cur: cur.head(n),
+            prev: prev.map(|p| p.head(n)),
+            own: P && own,
+            gamma,
+            s1: [[zero; UNROLL]; R],
+            s2: [[zero; UNROLL]; R],
+            n,
+        }
+    }
+
+    /// The chunk at `i` into accumulator `j`, adding the partials of the
+    /// rows themselves if `OWN` and of `prev` first if `PREV`: constants,
+    /// so that the hot loop has no branches on them; the caller picks them
+    /// to match `own` and `prev` (see [`PassA::mode`]).
+    ///
+    /// # Safety
+    /// `i + LANES <= self.n`, and `pg`, `pb` (if `P`) at least `self.n`
+    /// long.
+    #[inline(always)]
+    unsafe fn chunk<const OWN: bool, const PREV: bool>(
+        &mut self,
+        pg: &mut [Acc<T>],
+        pb: &mut [Acc<T>],
+        j: usize,
+        i: usize,
+    ) {
+        let zero = V::splat(Acc::<T>::zero());
+        let part = P && (OWN || PREV);
+        // SAFETY: the caller's contract; every slice read or written here
+        // is at least `n` long.
+        unsafe {
+            let gam = V::load_acc_at(self.gamma, i);
+            let (mut pgv, mut pbv) = (zero, zero);
+            if part {
+                (pgv, pbv) = (V::load_acc_at(pg, i), V::load_acc_at(pb, i));
+            }
+            if let (true, true, Some(p)) = (P, PREV, &self.prev) {
+                for s in 0..R {
+                    let (xh, dyv) = p.load(s, i, false);
+                    pgv = pgv.add(dyv.mul(xh));
+                    pbv = pbv.add(dyv);
+                }
+            }
+            for s in 0..R {
+                let (xh, dyv) = self.cur.load(s, i, true);
+                let g = dyv.mul(gam);
+                if DX {
+                    self.s1[s][j] = self.s1[s][j].add(g);
+                    self.s2[s][j] = self.s2[s][j].add(g.mul(xh));
+                }
+                if P && OWN {
+                    pgv = pgv.add(dyv.mul(xh));
+                    pbv = pbv.add(dyv);
+                }
+            }
+            if part {
+                pgv.store_acc_at(pg, i);
+                pbv.store_acc_at(pb, i);
+            }
+        }
+    }
+
+    /// Per row, the sums of `g` and `g * xhat` (zero unless `DX`).
+    #[inline(always)]
+    fn finish(self, pg: &mut [Acc<T>], pb: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
+        let (n, gamma) = (self.n, self.gamma);
+        let t = n / LANES * LANES;
+        if let (true, Some(p)) = (P, &self.prev) {
+            p.add_tail(pg, pb, t, n);
+        }
+        if self.own {
+            self.cur.add_tail(pg, pb, t, n);
+        }
+        let mut out = [(Acc::<T>::zero(), Acc::<T>::zero()); R];
+        if !DX {
+            return out;
+        }
+        for (s, o) in out.iter_mut().enumerate() {
+            let (mut a1, mut a2) = (fold_all(self.s1[s]), fold_all(self.s2[s]));
+            let c = &self.cur;
+            for k in t..n {
+                let xh = (wide(c.x[s], k) - c.m[s]) * c.r[s];
+                let g = wide(c.dy[s], k) * at(gamma, k);
+                a1 += g;
+                a2 += g * xh;
+            }
+            *o = (a1, a2);
+        }
+        out
+    }
+
+    /// Which partials the chunks add: 0, the rows' own; 1, none (left to
+    /// the next pass A); 2, `prev`'s then the own.
+    #[inline(always)]
+    fn mode(&self) -> u8 {
+        if !P || R > 1 {
+            // No partials, or lockstep rows, which never pair: one build.
+            return 0;
+        }
+        match (self.prev.is_some(), self.own) {
+            (true, _) => 2,
+            (false, true) => 0,
+            (false, false) => 1,
+        }
+    }
+
+    /// The whole pass.
+    #[inline(always)]
+    fn run(mut self, pg: &mut [Acc<T>], pb: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
+        // SAFETY (each closure): `each_chunk` passes `i + LANES <= n`;
+        // `new` made `pg`, `pb` at least `n` long when `P`.
+        match self.mode() {
+            0 => each_chunk(
+                self.n,
+                #[inline(always)]
+                |j, i| unsafe { self.chunk::<true, false>(pg, pb, j, i) },
+            ),
+            1 => each_chunk(
+                self.n,
+                #[inline(always)]
+                |j, i| unsafe { self.chunk::<false, false>(pg, pb, j, i) },
+            ),
+            _ => each_chunk(
+                self.n,
+                #[inline(always)]
+                |j, i| unsafe { self.chunk::<true, true>(pg, pb, j, i) },
+            ),
+        }
+        self.finish(pg, pb)
+    }
+}
+
+/// Row sums from pass A, `(sum g, sum g * xhat)` per row.
+type Sums<T, const R: usize> = [(Acc<T>, Acc<T>); R];
+
+/// One backward task: a group of consecutive rows, their `dx` (empty unless
+/// `DX`) and, if `P`, its partial row `[pg | pb]` of `2d` (its contents on
+/// entry do not matter: the task zeroes it). `NT` streams `dx` past the
+/// cache.
+struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
+    x: &'a [T],
+    dy: &'a [T],
+    mean: &'a [Acc<T>],
+    rstd: &'a [Acc<T>],
+    dx: &'a mut [T],
+    gamma: &'a [Acc<T>],
+    d: usize,
+    part: &'a mut [Acc<T>],
+}
+
+impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
+    for Bwd<'_, T, DX, P, NT>
+{
+    type Output = ();
+
+    /// Per row: pass A ([`PassA`]), then, with the row still in cache,
+    /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`; the rows go
+    /// [`rows_in_step`] at a time, the last few one by one. Where the next
+    /// rows exist, their pass A runs inside this rows' pass B
+    /// ([`write_rows_with`]), so `x` and `dy` stream in while `dx` streams
+    /// out.
+    #[inline(always)]
+    fn run<V: Lanes<T>>(mut self) {
+        let d = self.d;
+        let part = std::mem::take(&mut self.part);
+        part.fill(Acc::<T>::zero());
+        let (pg, pb) = part.split_at_mut(if P { d } else { 0 });
+        let n = self.mean.len().min(self.rstd.len());
+        let n = n.min(self.x.len().min(self.dy.len()) / d.max(1));
+        let fuse = DX && NT && overlap(d * std::mem::size_of::<T>());
+        let mut i = 0;
+        if rows_in_step(d * std::mem::size_of::<T>()) == ROWS_IN_STEP {
+            let mut sums = None;
+            while i + ROWS_IN_STEP <= n {
+                let next = fuse && i + 2 * ROWS_IN_STEP <= n;
+                let after = fuse && i + 3 * ROWS_IN_STEP <= n;
+                sums = self.rows::<V, ROWS_IN_STEP>(i, pg, pb, sums, (next, after));
+                i += ROWS_IN_STEP;
+            }
+        }
+        let mut sums = None;
+        while i < n {
+            let (next, after) = (fuse && i + 1 < n, fuse && i + 2 < n);
+            sums = self.rows::<V, 1>(i, pg, pb, sums, (next, after));
+            i += 1;
+        }
+        fence::<NT>();
+    }
+}
+
+impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, DX, P, NT> {
+    /// The saved mean and rstd of rows `i..i + R` (zero past the end).
+    #[inline(always)]
+    fn stats<const R: usize>(&self, i: usize) -> ([Acc<T>; R], [Acc<T>; R]) {
+        let stat = |v: &[Acc<T>], s: usize| v.get(i + s).copied().unwrap_or_default();
+        (
+            std::array::from_fn(|s| stat(self.mean, s)),
+            std::array::from_fn(|s| stat(self.rstd, s)),
+        )
+    }
+
+    /// Rows `i..i + R` as pass A reads them (they borrow the rows, not
+    /// `self`).
+    #[inline(always)]
+    fn rows_a<V: Lanes<T>, const R: usize>(&self, i: usize) -> Rows<'a, T, V, R> {
+        let d = self.d;
+        Rows::new(
+            rows_at::<T, R>(self.x, i, d),
+            rows_at::<T, R>(self.dy, i, d),
+            self.stats::<R>(i),
+        )
+    }
+
+    /// Pass A's state for rows `i..i + R`, carrying the partials of rows
+    /// `prev..prev + R` if given, and adding its own unless `defer`.
+    #[inline(always)]
+    fn pass_a<V: Lanes<T>, const R: usize>(
+        &self,
+        i: usize,
+        prev: Option<usize>,
+        defer: bool,
+        pg: &[Acc<T>],
+        pb: &[Acc<T>],
+    ) -> PassA<'a, T, V, DX, P, R> {
+        let prev = prev.map(|k| self.rows_a::<V, R>(k));
+        PassA::new(self.rows_a::<V, R>(i), prev, !defer, self.gamma, (pg, pb))
+    }
+
+    /// Rows `i..i + R`, in lockstep: pass A (unless `sums` has it already),
+    /// then pass B; with `next`, pass A of rows `i + R..i + 2R` runs inside
+    /// pass B, and its sums are returned. The flag beside the sums says
+    /// that pass A left its rows' partials to the next pass A (paired
+    /// partials, see [`PassA`]): for single rows only, and only where that
+    /// next pass A exists (`next` here, `after` for rows `i + R..`).
+    #[inline(always)]
+    fn rows<V: Lanes<T>, const R: usize>(
+        &mut self,
+        i: usize,
+        pg: &mut [Acc<T>],
+        pb: &mut [Acc<T>],
+        sums: Option<(Sums<T, R>, bool)>,
+        (next, after): (bool, bool),
+    ) -> Option<(Sums<T, R>, bool)> {
+        let d = self.d;
+        let pair = P && R == 1 && paired_partials(d * std::mem::size_of::<T>());
+        let (sums, deferred) = match sums {
+            Some(s) => s,
+            None => {
+                let defer = pair && next;
+                let sums = self.pass_a::<V, R>(i, None, defer, pg, pb).run(pg, pb);
+                (sums, defer)
+            }
+        };
+        if !DX {
+            return None;
+        }
+        let (m, r) = self.stats::<R>(i);
+        let inv_d = Acc::<T>::one() / count(d);
+        let mg = sums.map(|(s1, _)| s1 * inv_d);
+        let mgx = sums.map(|(_, s2)| s2 * inv_d);
+        let gamma = self.gamma;
+        let n = d.min(gamma.len());
+        let (xr, dyr, g) = (
+            rows_at::<T, R>(self.x, i, d).map(|v| head(v, n)),
+            rows_at::<T, R>(self.dy, i, d).map(|v| head(v, n)),
+            head(gamma, n),
+        );
+        let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
+        let (mgv, mgxv) = (splats::<T, V, R>(mg), splats::<T, V, R>(mgx));
+        let defer = pair && !deferred && after;
+        let a = next.then(|| self.pass_a::<V, R>(i + R, deferred.then_some(i), defer, pg, pb));
+        let dxr = rows_at_mut::<T, R>(&mut *self.dx, i, d).map(|v| {
+            let k = n.min(v.len());
+            &mut v[..k]
+        });
+        // The next rows' `x` and `dy` are fetched a row ahead only for
+        // outputs large enough to stream (smaller data is in cache anyway,
+        // and the prefetches cost 5-10% at 512 x 2048), not for rows past
+        // 64 KiB, whose next `x` and `dy` would not fit in L2 beside this
+        // row's, `gamma` and the partials (80 -> 87 ms at 2048 x 65536), and
+        // not when the next rows' pass A runs alongside (it reads them).
+        let ahead = !next && NT && d * std::mem::size_of::<T>() <= *STEP_ROW_BYTES.end();
+        // SAFETY (both closures' loads): the writers pass `k + LANES <= n`;
+        // `xr[s]`, `dyr[s]` and `g` have length `n`.
+        let (v, sc) = (
+            #[inline(always)]
+            |s: usize, k: usize| unsafe {
+                if ahead {
+                    prefetch_next(xr[s], R * d, k);
+                    prefetch_next(dyr[s], R * d, k);
+                }
+                let xh = V::load_at(xr[s], k).sub(mv[s]).mul(rv[s]);
+                let g = V::load_at(dyr[s], k).mul(V::load_acc_at(g, k));
+                rv[s].mul(g.sub(mgv[s]).sub(xh.mul(mgxv[s])))
+            },
+            #[inline(always)]
+            |s: usize, k: usize| {
+                let xh = (wide(xr[s], k) - m[s]) * r[s];
+                let g = wide(dyr[s], k) * at(g, k);
+                r[s] * (g - mg[s] - xh * mgx[s])
+            },
+        );
+        let Some(mut a) = a else {
+            write_rows::<T, V, NT, R>(dxr, false, v, sc);
+            if deferred {
+                // Not reached (rows defer only when `next`), but never lose
+                // the partials.
+                self.pass_a::<V, R>(i, None, false, pg, pb).run(pg, pb);
+            }
+            return None;
+        };
+        // SAFETY (each closure): `write_rows_with` calls it as
+        // `each_chunk(a.n, ..)` would, so `k + LANES <= a.n`; `new` made
+        // `pg`, `pb` that long.
+        let n = a.n;
+        match a.mode() {
+            0 => write_rows_with::<T, V, NT, R>(
+                dxr,
+                v,
+                sc,
+                n,
+                #[inline(always)]
+                |j, k| unsafe { a.chunk::<true, false>(pg, pb, j, k) },
+            ),
+            1 => write_rows_with::<T, V, NT, R>(
+                dxr,
+                v,
+                sc,
+                n,
+                #[inline(always)]
+                |j, k| unsafe { a.chunk::<false, false>(pg, pb, j, k) },
+            ),
+            _ => write_rows_with::<T, V, NT, R>(
+                dxr,
+                v,
+                sc,
+                n,
+                #[inline(always)]
+                |j, k| unsafe { a.chunk::<true, true>(pg, pb, j, k) },
+            ),
+        }
+        Some((a.finish(pg, pb), defer))
+    }
+}
+
+/// The backward's outputs; `None` where not asked for.
+pub(crate) struct Backward<T: Element> {
+    pub dx: Option<Buffer<T>>,
+    pub dgamma: Option<Buffer<T>>,
+    pub dbeta: Option<Buffer<T>>,
+}
+
+/// The backward groups' partial rows, if `want`: one row of `width` per
+/// group of `rpg` rows of `d` in `len` elements, in one buffer from the
+/// pool (each task zeroes its own row); else none. As
+/// fresh vectors, the 32 partial rows of 512 KiB at 2048 x 65536 f32
+/// faulted 16 MiB of new pages into every backward call. Measured here,
+/// backward time pooled over fresh (21 reps, interleaved, two runs):
+/// 0.91-0.94 at 1024 x 16384, 0.94-0.96 at 16384 x 1024, 0.96-0.99 at
+/// 8192 x 4096, 0.97-0.99 at 65536 x 256, 0.99 at 4096 x 768; 0.95 and
+/// 1.00 at 32768 x 128, 0.985 and 1.04 at 2048 x 65536.
+pub(crate) fn partial_rows<A: Element>(
+    want: bool,
+    len: usize,
+    (rpg, d): (usize, usize),
+    width: usize,
+) -> Buffer<A> {
+    if want {
+        Buffer::take(len.div_ceil(rpg * d) * width)
+    } else {
+        Buffer::default()
+    }
+}
+
+/// Sums the groups' partial rows (`parts`, rows of `width`) in group order,
+/// column block by column block (in parallel for wide rows; each column's
+/// order is the same).
+pub(crate) fn reduce_partials<A: Accum>(parts: &[A], width: usize) -> Vec<A> {
+    let mut out = vec![A::zero(); width];
+    const COLS: usize = 4096;
+    let sum_cols = |(c, o): (usize, &mut [A])| {
+        for p in parts.chunks_exact(width.max(1)) {
+            for (ov, pv) in o.iter_mut().zip(p.iter().skip(c * COLS)) {
+                *ov += *pv;
+            }
+        }
+    };
+    if parts.len() <= 1 << 16 {
+        out.chunks_mut(COLS).enumerate().for_each(sum_cols);
+    } else {
+        out.par_chunks_mut(COLS).enumerate().for_each(sum_cols);
+    }
+    out
+}
+
+/// Runs the backward groups (in parallel when there are several), group
+/// `k` filling row `k` of `parts` (rows of `2d`) with its partials if `P`.
+#[allow(clippy::too_many_arguments)]
+fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
+    x: &[T],
+    dy: &[T],
+    mean: &[Acc<T>],
+    rstd: &[Acc<T>],
+    dx: &mut [T],
+    gamma: &[Acc<T>],
+    d: usize,
+    rpg: usize,
+    parts: &mut [Acc<T>],
+) {
+    let mut dx_groups = dx.chunks_mut(rpg * d);
+    let mut part_rows = parts.chunks_mut(2 * d);
+    let jobs: Vec<Bwd<'_, T, DX, P, NT>> = x
+        .chunks(rpg * d)
+        .zip(dy.chunks(rpg * d))
+        .zip(mean.chunks(rpg).zip(rstd.chunks(rpg)))
+        .map(|((x, dy), (mean, rstd))| Bwd {
+            x,
+            dy,
+            mean,
+            rstd,
+            dx: if DX {
+                dx_groups.next().unwrap_or_default()
+            } else {
+                Default::default()
+            },
+            gamma,
+            d,
+            part: part_rows.next().unwrap_or_default(),
+        })
+        .collect();
+    dispatch_all(jobs);
+}
+
+/// LayerNorm backward. `gamma` of `None` means the identity scale.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<T: Element>(
+    x: &[T],
+    dy: &[T],
+    d: usize,
+    gamma: Option<&[T]>,
+    mean: &[Acc<T>],
+    rstd: &[Acc<T>],
+    want_dx: bool,
+    want_dgamma: bool,
+    want_dbeta: bool,
+) -> Backward<T>
+where
+    Acc<T>: Element,
+{
+    let n = x.len() / d;
+    let want_p = want_dgamma || want_dbeta;
+    let g = match gamma {
+        Some(_) => widen(gamma),
+        None => vec![<Acc<T> as One>::one(); d],
+    };
+    let rpg = rows_per_group(n, d);
+    let mut dx = if want_dx {
+        Tensor::<T>::scratch(n * d)
+    } else {
+        Buffer::default()
+    };
+    let run = match (want_dx, want_p, should_stream::<T>(n * d)) {
+        (true, true, false) => bwd_launch::<T, true, true, false>,
+        (true, false, false) => bwd_launch::<T, true, false, false>,
+        (true, true, true) => bwd_launch::<T, true, true, true>,
+        (true, false, true) => bwd_launch::<T, true, false, true>,
+        (false, true, _) => bwd_launch::<T, false, true, false>,
+        (false, false, _) => bwd_launch::<T, false, false, false>,
+    };
+    let mut parts = partial_rows(want_p, x.len(), (rpg, d), 2 * d);
+    run(x, dy, mean, rstd, &mut dx, &g, d, rpg, &mut parts);
+    let (dgamma, dbeta) = if want_p {
+        let sums = reduce_partials(&parts, 2 * d);
+        let (sg, sb) = sums.split_at(d);
+        (
+            want_dgamma.then(|| Buffer::from_vec(sg.iter().map(|&v| T::from_acc(v)).collect())),
+            want_dbeta.then(|| Buffer::from_vec(sb.iter().map(|&v| T::from_acc(v)).collect())),
+        )
+    } else {
+        (None, None)
+    };
+    Backward {
+        dx: want_dx.then_some(dx),
+        dgamma,
+        dbeta,
+    }
+}

@@ -1,0 +1,345 @@
+//! The fused LayerNorm forward kernel: statistics, then the output pass.
+
+use super::stats::{MeanPass, RowPass, VarPass};
+use super::*;
+
+/// One forward task: whole rows of `x` and the matching `y`, `mean`, `rstd`.
+/// `G`/`B` say whether gamma/beta are present (their slices are empty if
+/// not); `NT` streams `y` past the cache.
+struct Fwd<'a, T: Element, const G: bool, const B: bool, const NT: bool> {
+    x: &'a [T],
+    y: &'a mut [T],
+    mean: &'a mut [Acc<T>],
+    rstd: &'a mut [Acc<T>],
+    gamma: &'a [Acc<T>],
+    beta: &'a [Acc<T>],
+    d: usize,
+    eps: Acc<T>,
+    /// Rows ahead that the output pass prefetches (at least `R`).
+    ahead_rows: usize,
+}
+
+impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, B, NT> {
+    type Output = ();
+
+    /// Per row: statistics, then `y = (x - m) * rstd * g + b`; the rows go
+    /// [`rows_in_step`] at a time, the last few one by one. Where the next
+    /// rows exist (and rows are not [`segmented`]), later rows' statistics
+    /// passes run inside this rows' output pass ([`write_rows_with`]), so
+    /// `x` streams in while `y` streams out: for rows taken one at a time,
+    /// the next row's variance pass and the mean pass of the row after it
+    /// (no pass then runs on its own); for rows in lockstep, the next rows'
+    /// mean pass. Rows too short for that may go [`stats_first`].
+    #[inline(always)]
+    fn run<V: Lanes<T>>(mut self) {
+        let n = self.mean.len().min(self.rstd.len());
+        let n = n.min(self.x.len() / self.d.max(1));
+        let row_bytes = self.d * std::mem::size_of::<T>();
+        let fuse = NT && overlap(row_bytes) && !segmented(row_bytes);
+        let mut i = 0;
+        if rows_in_step(row_bytes) == ROWS_IN_STEP {
+            const S: usize = ROWS_IN_STEP;
+            let mut ahead = Ahead::default();
+            while i + S <= n {
+                ahead = self.rows::<V, S>(i, ahead, fuse && i + 2 * S <= n, false);
+                i += S;
+            }
+        }
+        if !fuse && stats_first(row_bytes) {
+            while i + STATS_FIRST_ROWS <= n {
+                self.stats_first::<V>(i);
+                i += STATS_FIRST_ROWS;
+            }
+        }
+        let mut ahead = Ahead::default();
+        while i < n {
+            ahead = self.rows::<V, 1>(i, ahead, fuse && i + 1 < n, fuse && i + 2 < n);
+            i += 1;
+        }
+        fence::<NT>();
+    }
+}
+
+/// The statistics passes a forward step has already run for the steps
+/// after it: the next rows' means and `sum((x - m)^2)`, and the means of the
+/// rows after those.
+struct Ahead<A, const R: usize> {
+    m: Option<[A; R]>,
+    sq: Option<[A; R]>,
+    m_after: Option<[A; R]>,
+}
+
+impl<A, const R: usize> Default for Ahead<A, R> {
+    fn default() -> Self {
+        Ahead {
+            m: None,
+            sq: None,
+            m_after: None,
+        }
+    }
+}
+
+impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, NT> {
+    /// Rows `i..i + STATS_FIRST_ROWS`, one at a time: the statistics
+    /// passes of all of them back to back, then their output passes, which
+    /// prefetch the rows as many rows ahead (see [`stats_first`]). Each
+    /// row's arithmetic is that of [`Fwd::rows`], so the bits are too.
+    #[inline(always)]
+    fn stats_first<V: Lanes<T>>(&mut self, i: usize) {
+        const K: usize = STATS_FIRST_ROWS;
+        // Two arrays read back one value at a time: copied out whole, the
+        // array of pairs (written one scalar at a time) cost a failed
+        // store-to-load forward on every batch.
+        let (mut ms, mut sqs) = ([Acc::<T>::zero(); K], [Acc::<T>::zero(); K]);
+        for k in 0..K {
+            let xr = rows_at::<T, 1>(self.x, i + k, self.d);
+            let [m] = MeanPass::<T, V, 1>::new(xr).run(false);
+            let [sq] = VarPass::<T, V, 1>::new(xr, [m]).run(false);
+            (ms[k], sqs[k]) = (m, sq);
+        }
+        self.ahead_rows = K;
+        for k in 0..K {
+            let have = Ahead {
+                m: Some([ms[k]]),
+                sq: Some([sqs[k]]),
+                m_after: None,
+            };
+            self.rows::<V, 1>(i + k, have, false, false);
+        }
+        self.ahead_rows = 1;
+    }
+
+    /// Rows `i..i + R`, in lockstep: the mean and variance passes (unless
+    /// `have` has them already), then the output pass. With `next`, the
+    /// output pass carries a pass over rows `i + R..i + 2R`: their mean pass
+    /// if `R > 1`, else their variance pass (after their mean pass, unless
+    /// `have` has it) and, with `after`, the mean pass of rows
+    /// `i + 2R..i + 3R`. What they find is returned.
+    #[inline(always)]
+    fn rows<V: Lanes<T>, const R: usize>(
+        &mut self,
+        i: usize,
+        have: Ahead<Acc<T>, R>,
+        next: bool,
+        after: bool,
+    ) -> Ahead<Acc<T>, R> {
+        let (d, eps) = (self.d, self.eps);
+        let xr = rows_at::<T, R>(self.x, i, d);
+        let seg = R == 1 && segmented(d * std::mem::size_of::<T>());
+        let m = have
+            .m
+            .unwrap_or_else(|| MeanPass::<T, V, R>::new(xr).run(seg));
+        let sq = have
+            .sq
+            .unwrap_or_else(|| VarPass::<T, V, R>::new(xr, m).run(seg));
+        let r = sq.map(|q| Acc::<T>::one() / (q / count(d) + eps).sqrt());
+        for s in 0..R {
+            if let (Some(mo), Some(ro)) = (self.mean.get_mut(i + s), self.rstd.get_mut(i + s)) {
+                (*mo, *ro) = (m[s], r[s]);
+            }
+        }
+        let n = d.min(if G { self.gamma.len() } else { d });
+        let n = n.min(if B { self.beta.len() } else { d });
+        let xr = xr.map(|x| head(x, n));
+        let yr = rows_at_mut::<T, R>(&mut *self.y, i, d).map(|y| {
+            let k = n.min(y.len());
+            &mut y[..k]
+        });
+        let (g, b) = (head(self.gamma, n), head(self.beta, n));
+        let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
+        // `G` and `B` are constants: each build keeps only its terms, in
+        // the order `xhat * g + b`. The next rows are fetched a row ahead
+        // only where `y` is streamed, and not when their mean pass runs
+        // alongside (it reads them).
+        let ahead = NT && !next;
+        let (v, sc) = (
+            // SAFETY: the writers pass `i + LANES <= n`, and `xr[k]`, `g`,
+            // `b` have length `n` (when present).
+            #[inline(always)]
+            |k: usize, i: usize| unsafe {
+                if ahead {
+                    prefetch_next(xr[k], R.max(self.ahead_rows) * d, i);
+                }
+                let mut v = xhat_at(xr[k], i, mv[k], rv[k]);
+                if G {
+                    v = v.mul(V::load_acc_at(g, i));
+                }
+                if B {
+                    v = v.add(V::load_acc_at(b, i));
+                }
+                v
+            },
+            #[inline(always)]
+            |k: usize, i: usize| {
+                let mut v = xhat_one(xr[k], i, m[k], r[k]);
+                if G {
+                    v *= at(g, i);
+                }
+                if B {
+                    v += at(b, i);
+                }
+                v
+            },
+        );
+        if !next {
+            write_rows::<T, V, NT, R>(yr, seg, v, sc);
+            return Ahead::default();
+        }
+        let xn = rows_at::<T, R>(self.x, i + R, d);
+        if R > 1 {
+            // Rows in lockstep carry the next rows' mean pass only: with
+            // their variance pass too (three rows' worth of accumulators
+            // per row in step), the forward at 8192 x 4096 took 1.05x as
+            // long.
+            let mut a = MeanPass::<T, V, R>::new(xn);
+            write_rows_with::<T, V, NT, R>(
+                yr,
+                v,
+                sc,
+                a.n,
+                // SAFETY: `write_rows_with` calls this as `each_chunk(a.n,
+                // ..)` would, so `k + LANES <= a.n`.
+                #[inline(always)]
+                |j, k| unsafe { a.chunk(j, k) },
+            );
+            return Ahead {
+                m: Some(a.finish()),
+                ..Ahead::default()
+            };
+        }
+        let m_next = have
+            .m_after
+            .unwrap_or_else(|| MeanPass::<T, V, R>::new(xn).run(false));
+        let mut var = VarPass::<T, V, R>::new(xn, m_next);
+        let mut mean = MeanPass::<T, V, R>::new(rows_at::<T, R>(self.x, i + 2 * R, d));
+        let m_after = if after && mean.n == var.n {
+            write_rows_with::<T, V, NT, R>(
+                yr,
+                v,
+                sc,
+                var.n,
+                // SAFETY: `write_rows_with` calls this as `each_chunk(var.n,
+                // ..)` would, so `k + LANES <= var.n = mean.n`.
+                #[inline(always)]
+                |j, k| unsafe {
+                    var.chunk(j, k);
+                    mean.chunk(j, k);
+                },
+            );
+            Some(mean.finish())
+        } else {
+            write_rows_with::<T, V, NT, R>(
+                yr,
+                v,
+                sc,
+                var.n,
+                // SAFETY: as above, `k + LANES <= var.n`.
+                #[inline(always)]
+                |j, k| unsafe { var.chunk(j, k) },
+            );
+            None
+        };
+        Ahead {
+            m: Some(m_next),
+            sq: Some(var.finish()),
+            m_after,
+        }
+    }
+}
+
+/// The forward's outputs: `y` and the per-row statistics backward needs.
+pub(crate) struct Forward<T: Element> {
+    pub y: Buffer<T>,
+    pub mean: Vec<Acc<T>>,
+    pub rstd: Vec<Acc<T>>,
+}
+
+/// Widens an optional parameter row to the accumulation type.
+pub(crate) fn widen<T: Element>(p: Option<&[T]>) -> Vec<Acc<T>> {
+    p.map(|p| p.iter().map(|v| v.to_acc()).collect())
+        .unwrap_or_default()
+}
+
+/// Steps of [`ROWS_IN_STEP`] rows a forward task over rows in lockstep
+/// takes at least (see [`fwd_rows_per_task`]).
+pub(crate) const FWD_TASK_STEPS: usize = 16;
+
+/// Rows per forward task: `rpc` ([`rows_per_chunk`]), but for rows taken
+/// [`ROWS_IN_STEP`] at a time at least [`FWD_TASK_STEPS`] steps (unless
+/// [`long_fwd_tasks`] is off). Only a step with a next step in its task
+/// carries that step's mean pass; a chunk of 16384-wide f32 rows is one
+/// step, which never did. Measured here, forward time with it on over off
+/// (31 reps, interleaved): 0.971-0.977 at 1024 x 16384, 0.983 at
+/// 2048 x 8192, 0.986-1.006 at 8192 x 4096 (16 rows, four steps, a chunk).
+pub(super) fn fwd_rows_per_task(row_bytes: usize, rpc: usize) -> usize {
+    if long_fwd_tasks() && rows_in_step(row_bytes) == ROWS_IN_STEP {
+        rpc.max(FWD_TASK_STEPS * ROWS_IN_STEP)
+    } else {
+        rpc
+    }
+}
+
+/// Runs the forward tasks: one per chunk of rows, in parallel when there
+/// is more than one.
+#[allow(clippy::too_many_arguments)]
+fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
+    x: &[T],
+    y: &mut [T],
+    mean: &mut [Acc<T>],
+    rstd: &mut [Acc<T>],
+    gamma: &[Acc<T>],
+    beta: &[Acc<T>],
+    d: usize,
+    eps: Acc<T>,
+) {
+    let task = |x, y, mean, rstd| {
+        dispatch(Fwd::<T, G, B, NT> {
+            x,
+            y,
+            mean,
+            rstd,
+            gamma,
+            beta,
+            d,
+            eps,
+            ahead_rows: 1,
+        })
+    };
+    let rpc = fwd_rows_per_task(d * std::mem::size_of::<T>(), rows_per_chunk(d));
+    if mean.len() <= rpc {
+        task(x, y, mean, rstd);
+    } else {
+        x.par_chunks(rpc * d)
+            .zip(y.par_chunks_mut(rpc * d))
+            .zip(mean.par_chunks_mut(rpc).zip(rstd.par_chunks_mut(rpc)))
+            .for_each(|((xc, yc), (mc, rc))| task(xc, yc, mc, rc));
+    }
+}
+
+/// LayerNorm forward over `x.len() / d` rows of `d` (`d > 0`; a parameter,
+/// when given, has `d` elements).
+pub(crate) fn forward<T: Element>(
+    x: &[T],
+    d: usize,
+    gamma: Option<&[T]>,
+    beta: Option<&[T]>,
+    eps: Acc<T>,
+) -> Forward<T> {
+    let n = x.len() / d;
+    let (g, b) = (widen(gamma), widen(beta));
+    let mut y = Tensor::<T>::scratch(n * d);
+    let mut mean = vec![Acc::<T>::zero(); n];
+    let mut rstd = vec![Acc::<T>::zero(); n];
+    let run = match (gamma.is_some(), beta.is_some(), should_stream::<T>(n * d)) {
+        (true, true, false) => fwd_launch::<T, true, true, false>,
+        (true, false, false) => fwd_launch::<T, true, false, false>,
+        (false, true, false) => fwd_launch::<T, false, true, false>,
+        (false, false, false) => fwd_launch::<T, false, false, false>,
+        (true, true, true) => fwd_launch::<T, true, true, true>,
+        (true, false, true) => fwd_launch::<T, true, false, true>,
+        (false, true, true) => fwd_launch::<T, false, true, true>,
+        (false, false, true) => fwd_launch::<T, false, false, true>,
+    };
+    run(&x[..n * d], &mut y, &mut mean, &mut rstd, &g, &b, d, eps);
+    Forward { y, mean, rstd }
+}

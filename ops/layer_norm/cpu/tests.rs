@@ -1,0 +1,298 @@
+//! Bitwise and accuracy checks of the CPU kernels' speed switches.
+
+use super::forward::{fwd_rows_per_task, FWD_TASK_STEPS};
+use super::*;
+use crate::device::cpu::{best_simd, set_simd_limit, set_stream_threshold, stream_threshold, Simd};
+use crate::ops::rms_norm::cpu as rms;
+use crate::rng::Rng;
+
+/// Every output of LayerNorm and RMSNorm, forward and backward, as bits.
+fn outputs(x: &[f32], dy: &[f32], g: &[f32], b: &[f32], d: usize) -> Vec<Vec<u32>> {
+    let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<u32>>();
+    let f = forward(x, d, Some(g), Some(b), 1e-5);
+    let bw = backward(x, dy, d, Some(g), &f.mean, &f.rstd, true, true, true);
+    let (ry, rr) = rms::forward(x, d, Some(g), 1e-5);
+    let (rdx, rdg) = rms::backward(x, dy, d, Some(g), &rr, true, true);
+    let mut out = vec![
+        bits(&f.y),
+        bits(&f.mean),
+        bits(&f.rstd),
+        bits(&ry),
+        bits(&rr),
+    ];
+    for v in [bw.dx, bw.dgamma, bw.dbeta, rdx, rdg] {
+        out.push(bits(&v.unwrap_or_default()));
+    }
+    out
+}
+
+/// `x`, `dy`, `gamma`, `beta`.
+type Case = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// Random `x`, `dy` (`n * d` each), `gamma` and `beta` (`d` each), in
+/// that order: normals times `a` plus `b`.
+fn case(rng: &mut Rng, n: usize, d: usize, a: f64, b: f64) -> Case {
+    let mut v = |k: usize| -> Vec<f32> { (0..k).map(|_| (rng.normal() * a + b) as f32).collect() };
+    (v(n * d), v(n * d), v(d), v(d))
+}
+
+/// Asserts that every output is the same, streamed and not, with a
+/// speed switch `set` off and on (left on).
+fn same_bits_either_way(set: fn(bool), case: &Case, d: usize) {
+    let (x, dy, g, b) = case;
+    let old = stream_threshold();
+    for stream in [usize::MAX, 0] {
+        set_stream_threshold(stream);
+        set(false);
+        let want = outputs(x, dy, g, b, d);
+        set(true);
+        let got = outputs(x, dy, g, b, d);
+        assert!(got == want, "n={} d={d} stream={stream}", x.len() / d);
+    }
+    set_stream_threshold(old);
+}
+
+/// Held by the tests that flip [`set_segmented`] or depend on it
+/// staying put (it changes the bits of long rows; the other switches
+/// do not).
+static SEGMENTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn every_build_and_store_kind_gives_the_same_bits() {
+    let _hold = SEGMENTED.lock();
+    let mut rng = Rng::new(5);
+    // Row lengths around the lane and unroll boundaries, and rows that
+    // start at every alignment.
+    for (n, d) in [
+        (3usize, 1usize),
+        (5, 15),
+        (4, 16),
+        (7, 17),
+        (3, 63),
+        (2, 64),
+        (9, 100),
+        (6, 1000),
+        (3, 4099),
+        (2, 16_400),
+        (2, 20_003),
+    ] {
+        let (x, dy, g, b) = case(&mut rng, n, d, 3.0, 1.0);
+        set_simd_limit(Simd::Portable);
+        let want = outputs(&x, &dy, &g, &b, d);
+        for limit in [Simd::Avx2, Simd::Avx512] {
+            if limit <= best_simd() {
+                set_simd_limit(limit);
+                assert!(outputs(&x, &dy, &g, &b, d) == want, "{limit} n={n} d={d}");
+            }
+        }
+        let old = stream_threshold();
+        set_stream_threshold(0);
+        assert!(outputs(&x, &dy, &g, &b, d) == want, "streamed n={n} d={d}");
+        set_stream_threshold(old);
+        set_simd_limit(Simd::Avx512);
+    }
+}
+
+#[test]
+fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
+    let _hold = SEGMENTED.lock();
+    use crate::device::cpu::{rows_in_step, set_lockstep};
+    let mut rng = Rng::new(11);
+    // Rows inside the lockstep range: whole steps plus a remainder, a
+    // row length that is not a multiple of the lanes (unequal
+    // alignment, so the write falls back to one row at a time) and one
+    // whose rows all share an alignment.
+    for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
+        assert_eq!(rows_in_step(d * 4), ROWS_IN_STEP, "d={d}");
+        same_bits_either_way(set_lockstep, &case(&mut rng, n, d, 2.0, -0.5), d);
+    }
+}
+
+#[test]
+fn long_forward_tasks_change_no_bits() {
+    let _hold = SEGMENTED.lock();
+    use crate::device::cpu::set_long_fwd_tasks;
+    let mut rng = Rng::new(23);
+    // Several tasks either way, the last one short.
+    for (n, d) in [(150usize, 4096usize), (70, 16384)] {
+        let rpc = rows_per_chunk(d);
+        set_long_fwd_tasks(false);
+        assert_eq!(fwd_rows_per_task(d * 4, rpc), rpc, "d={d}");
+        set_long_fwd_tasks(true);
+        let rows = fwd_rows_per_task(d * 4, rpc);
+        assert_eq!(rows, FWD_TASK_STEPS * ROWS_IN_STEP, "d={d}");
+        assert!(n > rows && n % rows != 0, "n={n} d={d}");
+        same_bits_either_way(set_long_fwd_tasks, &case(&mut rng, n, d, 1.5, 3.0), d);
+    }
+}
+
+#[test]
+fn recycled_partial_rows_start_from_zero() {
+    // 64 groups of 4096-wide f32 partials (two rows each for LayerNorm,
+    // one for RMSNorm): at least 1 MiB, so the partial rows come from
+    // the pool, and each call gets the one before's.
+    let (n, d) = (4096usize, 4096usize);
+    assert!(groups(n, d) * d * 4 >= crate::device::pool::MIN_POOLED_BYTES);
+    let mut rng = Rng::new(29);
+    let (x, dy, g, b) = case(&mut rng, n, d, 1.0, 0.5);
+    let f = forward(&x, d, Some(&g), Some(&b), 1e-5);
+    let ones = vec![1.0f32; n * d];
+    for dy in [&ones, &dy, &dy] {
+        let bw = backward(&x, dy, d, Some(&g), &f.mean, &f.rstd, false, true, true);
+        let (dg, db) = (bw.dgamma.unwrap_or_default(), bw.dbeta.unwrap_or_default());
+        let (_, rdg) = rms::backward(&x, dy, d, Some(&g), &f.rstd, false, true);
+        let rdg = rdg.unwrap_or_default();
+        for j in (0..d).step_by(193) {
+            let (mut wg, mut wb, mut wr) = (0f64, 0f64, 0f64);
+            for i in 0..n {
+                let (xv, dv) = (x[i * d + j] as f64, dy[i * d + j] as f64);
+                wg += dv * (xv - f.mean[i] as f64) * f.rstd[i] as f64;
+                wb += dv;
+                wr += dv * xv * f.rstd[i] as f64;
+            }
+            let close =
+                |got: f32, want: f64| (got as f64 - want).abs() <= 1e-3 * (1.0 + want.abs());
+            assert!(close(dg[j], wg), "dgamma[{j}] {} vs {wg}", dg[j]);
+            assert!(close(db[j], wb), "dbeta[{j}] {} vs {wb}", db[j]);
+            assert!(close(rdg[j], wr), "rms dgamma[{j}] {} vs {wr}", rdg[j]);
+        }
+    }
+}
+
+#[test]
+fn statistics_first_changes_no_bits() {
+    let _hold = SEGMENTED.lock();
+    use crate::device::cpu::{set_stats_first, STATS_FIRST_ROW_BYTES};
+    let mut rng = Rng::new(31);
+    // Whole batches plus a remainder; rows of whole lanes, and rows
+    // that are not (so their alignment varies and they have tails).
+    for (n, d) in [
+        (8 * 9 + 5, 128usize),
+        (8 * 3 + 1, 256),
+        (8 * 7 + 3, 100),
+        (8 * 5, 64),
+        (19, 7),
+    ] {
+        assert!(d * 4 <= STATS_FIRST_ROW_BYTES);
+        same_bits_either_way(set_stats_first, &case(&mut rng, n, d, 3.0, 1.0), d);
+    }
+}
+
+#[test]
+fn outputs_start_on_a_cache_line() {
+    let mut rng = Rng::new(3);
+    for (n, d) in [(3usize, 5usize), (600, 128)] {
+        let (x, dy, g, b) = case(&mut rng, n, d, 1.0, 0.0);
+        // `x` starts where the allocator put it, not on a line.
+        let x = [vec![0.0f32; 3], x].concat();
+        let x = &x[3..];
+        let f = forward(x, d, Some(&g), Some(&b), 1e-5);
+        let bw = backward(x, &dy, d, Some(&g), &f.mean, &f.rstd, true, false, false);
+        let dx = bw.dx.unwrap_or_default();
+        let (ry, _) = rms::forward(x, d, Some(&g), 1e-5);
+        for (name, p) in [
+            ("y", f.y.as_ptr()),
+            ("dx", dx.as_ptr()),
+            ("rms y", ry.as_ptr()),
+        ] {
+            assert_eq!(p as usize % 64, 0, "{name} at n={n} d={d}");
+        }
+    }
+}
+
+#[test]
+fn overlapped_passes_give_the_same_bits_as_separate_ones() {
+    let _hold = SEGMENTED.lock();
+    use crate::device::cpu::{overlap, set_overlap};
+    let mut rng = Rng::new(17);
+    // Streamed (the overlap needs it): short rows one at a time, rows
+    // in lockstep with a remainder (two steps, and four, so that a
+    // step carries both the next step's variance pass and the mean pass
+    // of the one after), rows of unequal alignment (the joined loop
+    // falls back to one pass after the other), long rows (the forward
+    // keeps its runs apart; the backward overlaps), and rows too short
+    // to overlap. Rows past 64 KiB pair their partials in the backward
+    // (see `PassA`): odd and even row counts end on an unpaired row and
+    // on a pair, aligned (16_400) and not (20_003).
+    for (n, d) in [
+        (5usize, 1000usize),
+        (4, 777),
+        (9, 4096),
+        (17, 4096),
+        (7, 4100),
+        (3, 20_003),
+        (4, 20_003),
+        (2, 16_400),
+        (5, 16_400),
+        (6, 256),
+    ] {
+        assert_eq!(overlap(d * 4), d * 4 >= 2048, "d={d}");
+        let (x, dy, g, b) = case(&mut rng, n, d, 1.5, 3.0);
+        let old = stream_threshold();
+        set_stream_threshold(0);
+        set_overlap(false);
+        let want = outputs(&x, &dy, &g, &b, d);
+        set_overlap(true);
+        let got = outputs(&x, &dy, &g, &b, d);
+        set_stream_threshold(old);
+        assert!(got == want, "n={n} d={d}");
+    }
+}
+
+#[test]
+fn long_rows_in_runs_match_the_f64_statistics() {
+    use crate::device::cpu::{segmented, set_segmented};
+    let _hold = SEGMENTED.lock();
+    let mut rng = Rng::new(13);
+    for d in [16_400usize, 20_003, 65_536] {
+        assert!(segmented(d * 4), "d={d}");
+        let x: Vec<f32> = (0..2 * d)
+            .map(|_| (rng.normal() * 3.0 + 100.0) as f32)
+            .collect();
+        let dy: Vec<f32> = (0..2 * d).map(|_| rng.normal() as f32).collect();
+        let g: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
+        let run = |seg: bool| {
+            set_segmented(seg);
+            let f = forward(&x, d, Some(&g), None, 1e-5);
+            let b = backward(&x, &dy, d, Some(&g), &f.mean, &f.rstd, true, true, true);
+            set_segmented(true);
+            (f, b.dx.unwrap_or_default())
+        };
+        let ((on, dx_on), (off, dx_off)) = (run(true), run(false));
+        for (i, row) in x.chunks(d).enumerate() {
+            let m = row.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+            let var = row.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / d as f64;
+            let r = 1.0 / (var + 1e-5).sqrt();
+            for f in [&on, &off] {
+                assert!((f.mean[i] as f64 - m).abs() <= 1e-6 * m.abs(), "d={d} mean");
+                assert!((f.rstd[i] as f64 - r).abs() <= 1e-5 * r, "d={d} rstd");
+            }
+        }
+        let close = |a: &[f32], b: &[f32]| {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(p, q)| (p - q).abs() <= 1e-4 * (1.0 + q.abs()))
+        };
+        assert!(close(&on.y, &off.y), "d={d} y");
+        assert!(close(&dx_on, &dx_off), "d={d} dx");
+    }
+}
+
+#[test]
+fn groups_are_bounded_and_whole_chunks() {
+    for (n, d) in [
+        (1usize, 1usize),
+        (2048, 65536),
+        (32768, 128),
+        (512, 2048),
+        (1 << 20, 8),
+        (7, 100_000),
+    ] {
+        let rpg = rows_per_group(n, d);
+        assert_eq!(rpg % rows_per_chunk(d), 0, "n={n} d={d}");
+        let g = groups(n, d);
+        assert!((1..=MAX_GROUPS).contains(&g), "n={n} d={d}: {g} groups");
+        assert!(g == 1 || rpg >= MIN_GROUP_ROWS.min(n), "n={n} d={d}");
+    }
+}
