@@ -1,0 +1,143 @@
+//! Unit tests of the chunking, the row writers and the SIMD builds.
+
+use super::lanes::fold;
+use super::*;
+
+#[test]
+fn chunks_depend_on_row_length_only() {
+    assert_eq!(rows_per_chunk(1), 64 * 1024);
+    assert_eq!(rows_per_chunk(1000), 65);
+    assert_eq!(rows_per_chunk(1 << 20), 1);
+    assert_eq!(rows_per_chunk(0), 64 * 1024);
+}
+
+/// `y = x * 3 - 1` with `write_row`, in lanes `V`.
+struct Affine<'a, const NT: bool> {
+    x: &'a [f32],
+    y: &'a mut [f32],
+}
+
+impl<const NT: bool> Kernel<f32> for Affine<'_, NT> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: Lanes<f32>>(self) {
+        let (x, y) = (self.x, self.y);
+        let n = y.len().min(x.len());
+        let (x, y) = (&x[..n], &mut y[..n]);
+        let (a, b) = (V::splat(3.0), V::splat(1.0));
+        write_row::<f32, V, NT>(
+            y,
+            // SAFETY: write_row keeps i + LANES <= n = x.len().
+            #[inline(always)]
+            |i| unsafe { V::load_at(x, i) }.mul(a).sub(b),
+            #[inline(always)]
+            |i| x.get(i).map_or(0.0, |v| v * 3.0 - 1.0),
+        );
+        fence::<NT>();
+    }
+}
+
+#[test]
+fn stream_copy_copies_every_length_and_offset() {
+    let src: Vec<f32> = (0..200).map(|i| i as f32 * 0.5 - 7.0).collect();
+    for n in [0usize, 1, 15, 16, 17, 64, 100, 180] {
+        for off in 0..4 {
+            let mut dst = vec![f32::NAN; n + off + 3];
+            stream_copy(&mut dst[off..off + n], &src[off..off + n]);
+            assert_eq!(&dst[off..off + n], &src[off..off + n], "n {n} off {off}");
+            assert!(dst[..off].iter().chain(&dst[off + n..]).all(|v| v.is_nan()));
+        }
+    }
+    let mut short = vec![0.0f32; 3];
+    stream_copy(&mut short, &src);
+    assert_eq!(short, &src[..3]);
+}
+
+#[test]
+fn every_build_and_store_kind_writes_the_same_values() {
+    let x: Vec<f32> = (0..300).map(|i| i as f32 * 0.37 - 20.0).collect();
+    for n in [0usize, 1, 15, 16, 17, 63, 64, 65, 250] {
+        for off in 0..5 {
+            let want: Vec<f32> = x[off..off + n].iter().map(|v| v * 3.0 - 1.0).collect();
+            let mut y = vec![0.0f32; n + off];
+            dispatch(Affine::<true> {
+                x: &x[off..off + n],
+                y: &mut y[off..],
+            });
+            assert_eq!(y[off..], want[..], "stream n={n} off={off}");
+            let mut y = vec![0.0f32; n + off];
+            dispatch(Affine::<false> {
+                x: &x[off..off + n],
+                y: &mut y[off..],
+            });
+            assert_eq!(y[off..], want[..], "store n={n} off={off}");
+            let mut y = vec![0.0f32; n + off];
+            Affine::<true> {
+                x: &x[off..off + n],
+                y: &mut y[off..],
+            }
+            .run::<Portable<f32>>();
+            assert_eq!(y[off..], want[..], "portable n={n} off={off}");
+        }
+    }
+}
+
+#[test]
+fn fold_is_pairwise() {
+    let a: [f32; LANES] = std::array::from_fn(|i| i as f32);
+    assert_eq!(fold(a), 120.0);
+    // Pairwise, not left to right: 2^24 + 1 + 1 in sequence loses both
+    // ones, while the pairs keep them.
+    let mut b = [0.0f32; LANES];
+    b[0] = 16_777_216.0;
+    b[2] = 1.0;
+    b[3] = 1.0;
+    assert_eq!(fold(b), 16_777_218.0);
+}
+
+/// Folds `x` (16 values) in lanes `V`.
+struct Fold<'a>(&'a [f32; LANES]);
+
+impl Kernel<f32> for Fold<'_> {
+    type Output = f32;
+    #[inline(always)]
+    fn run<V: Lanes<f32>>(self) -> f32 {
+        V::load(self.0).fold()
+    }
+}
+
+#[test]
+fn every_build_folds_in_the_same_order() {
+    // Values whose sum depends on the order of the additions.
+    let x: [f32; LANES] = std::array::from_fn(|i| {
+        let m = [1e8f32, 1.0, -3.5, 7e-3, 1.5e7, -1e8, 0.25, 3.0];
+        m[i % 8] * (1.0 + i as f32 * 0.37)
+    });
+    let want = fold(x);
+    assert_eq!(Fold(&x).run::<Portable<f32>>(), want);
+    for limit in [Simd::Avx512, Simd::Avx2, Simd::Portable] {
+        if limit <= best_simd() {
+            set_simd_limit(limit);
+            assert_eq!(dispatch(Fold(&x)).to_bits(), want.to_bits(), "{limit}");
+        }
+    }
+    set_simd_limit(Simd::Avx512);
+    let left_to_right = x.iter().fold(0.0f32, |a, &b| a + b);
+    assert_ne!(
+        want, left_to_right,
+        "the test values must depend on the order"
+    );
+}
+
+#[test]
+fn streaming_needs_f32_and_a_large_output() {
+    assert!(!should_stream::<f64>(usize::MAX / 8));
+    assert!(!should_stream::<f32>(16));
+}
+
+#[test]
+fn simd_is_within_what_the_cpu_has() {
+    assert!(simd() <= best_simd());
+    assert!(Simd::Portable < Simd::Avx2 && Simd::Avx2 < Simd::Avx512);
+    assert_eq!(Simd::Avx512.to_string(), "AVX-512");
+}

@@ -1,0 +1,178 @@
+//! The kernels' speed switches and thresholds: which rows go in lockstep,
+//! in runs, statistics first or overlapped, and which outputs are streamed.
+//! Each switch changes only the speed (except [`set_segmented`]), and each
+//! can be turned off process-wide to measure what it is worth.
+
+use super::*;
+
+/// Rows a LayerNorm task advances in lockstep where that pays (see
+/// [`rows_in_step`]).
+pub const ROWS_IN_STEP: usize = 4;
+
+/// The row sizes, in bytes, at which [`rows_in_step`] is [`ROWS_IN_STEP`].
+/// Shorter rows are bound by their per-row arithmetic, which four rows at
+/// once only slows (more live registers); longer ones would not fit in L2
+/// four at a time between the passes. Measured here, same process, one row
+/// against four: 4096-wide rows 0.66 -> 0.72 of a copy's rate, 16384-wide
+/// 0.93 -> 1.00; 128- and 256-wide 1.18 -> 0.89 and 0.88 -> 0.68; 65536-wide
+/// backward 90 -> 116 ms.
+pub const STEP_ROW_BYTES: std::ops::RangeInclusive<usize> = (16 << 10)..=(64 << 10);
+
+static LOCKSTEP: AtomicBool = AtomicBool::new(true);
+
+/// Rows the LayerNorm kernels advance together for rows of `row_bytes`:
+/// [`ROWS_IN_STEP`] within [`STEP_ROW_BYTES`] (unless turned off by
+/// [`set_lockstep`]), else 1. Reading several rows at once keeps several
+/// read and write streams in flight from one core.
+pub fn rows_in_step(row_bytes: usize) -> usize {
+    if LOCKSTEP.load(Ordering::Relaxed) && STEP_ROW_BYTES.contains(&row_bytes) {
+        ROWS_IN_STEP
+    } else {
+        1
+    }
+}
+
+static SEGMENTED: AtomicBool = AtomicBool::new(true);
+
+/// Whether the LayerNorm kernels walk rows of `row_bytes` as [`UNROLL`]
+/// runs in lockstep ([`each_chunk_in`]): for rows past [`STEP_ROW_BYTES`],
+/// too long to take several at once. The runs decide which accumulator
+/// each chunk of the row goes to, so this changes the order of the row
+/// sums (still a function of the shape only).
+pub fn segmented(row_bytes: usize) -> bool {
+    SEGMENTED.load(Ordering::Relaxed) && row_bytes > *STEP_ROW_BYTES.end()
+}
+
+/// Turns [`segmented`] rows on or off (process-wide; for benchmarks that
+/// measure what it is worth). Unlike the other switches it changes the
+/// bits of the long-row results, within the usual rounding.
+pub fn set_segmented(on: bool) {
+    SEGMENTED.store(on, Ordering::Relaxed)
+}
+
+static LONG_FWD_TASKS: AtomicBool = AtomicBool::new(true);
+
+/// Whether a LayerNorm forward task over rows in lockstep spans several
+/// steps (on unless turned off by [`set_long_fwd_tasks`]).
+pub fn long_fwd_tasks() -> bool {
+    LONG_FWD_TASKS.load(Ordering::Relaxed)
+}
+
+/// Turns [`long_fwd_tasks`] on or off (process-wide; for benchmarks that
+/// measure what it is worth). It changes only the speed: forward rows are
+/// independent, so how they are cut into tasks changes no bits.
+pub fn set_long_fwd_tasks(on: bool) {
+    LONG_FWD_TASKS.store(on, Ordering::Relaxed)
+}
+
+/// Turns lockstep rows on or off (process-wide; for benchmarks that
+/// measure what it is worth). It changes only the speed: every row's
+/// arithmetic, and the order in which rows are added into dgamma/dbeta,
+/// are the same either way.
+pub fn set_lockstep(on: bool) {
+    LOCKSTEP.store(on, Ordering::Relaxed)
+}
+
+/// Default for [`stream_threshold`]: outputs of at least this many bytes
+/// are streamed past the cache. Twice one core's L2 here (2 MiB): an
+/// output this large is not in the writer's L2 when the next op reads it.
+/// Measured here with 4 MiB outputs (512 x 2048), LayerNorm, then a
+/// `mul` that reads `y`, then the backward through both: 0.93-0.94 of the
+/// time with 8 MiB as the threshold.
+pub const DEFAULT_STREAM_BYTES: usize = 4 << 20;
+
+static STREAM_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_STREAM_BYTES);
+
+/// Outputs of at least this many bytes are written with non-temporal stores
+/// (f32 only; other types always use ordinary stores).
+pub fn stream_threshold() -> usize {
+    STREAM_BYTES.load(Ordering::Relaxed)
+}
+
+/// Sets [`stream_threshold`]; `usize::MAX` turns streaming stores off. A
+/// process-wide setting, for benchmarks that compare the two.
+pub fn set_stream_threshold(bytes: usize) {
+    STREAM_BYTES.store(bytes, Ordering::Relaxed)
+}
+
+/// Whether an output of `elems` elements of `T` should be streamed.
+#[inline]
+pub(crate) fn should_stream<T: Element>(elems: usize) -> bool {
+    cfg!(target_arch = "x86_64") && is_f32::<T>() && elems.saturating_mul(4) >= stream_threshold()
+}
+
+static OVERLAP: AtomicBool = AtomicBool::new(true);
+
+/// Turns [`overlap`] on or off (process-wide; for benchmarks that measure
+/// what it is worth). It changes only the speed.
+pub fn set_overlap(on: bool) {
+    OVERLAP.store(on, Ordering::Relaxed)
+}
+
+static STATS_FIRST: AtomicBool = AtomicBool::new(true);
+
+/// Rows a LayerNorm forward task takes [`stats_first`].
+pub const STATS_FIRST_ROWS: usize = 8;
+
+/// The longest row, in bytes, that goes [`stats_first`].
+pub const STATS_FIRST_ROW_BYTES: usize = 1024;
+
+/// Whether the LayerNorm forward runs the statistics passes of
+/// [`STATS_FIRST_ROWS`] rows of `row_bytes` back to back, then their output
+/// passes: for rows of at most [`STATS_FIRST_ROW_BYTES`] (unless turned off
+/// by [`set_stats_first`]). Each row's statistics end in a chain of
+/// dependent folds, a division and `1/sqrt`, and at 128 wide that chain is
+/// as long as the row's loads; back to back, one row's chain overlaps the
+/// next row's loads. Measured here, forward time on over off (31 reps,
+/// interleaved): 0.84, 0.91 and 0.94 at 32768 x 128, 0.82 at 65536 x 64,
+/// 0.89 at 131072 x 32; with 64-byte aligned inputs, 0.92-0.98 at
+/// 65536 x 256 and 0.94-0.96 at 32768 x 256 and 16384 x 256 (1 KiB rows
+/// had lost, 1.07, while the inputs started off a cache line). The
+/// backward's pass A gained nothing this way (0.98-1.05).
+#[inline(always)]
+pub fn stats_first(row_bytes: usize) -> bool {
+    STATS_FIRST.load(Ordering::Relaxed) && row_bytes <= STATS_FIRST_ROW_BYTES
+}
+
+/// Turns [`stats_first`] on or off (process-wide; for benchmarks that
+/// measure what it is worth). It changes only the speed.
+pub fn set_stats_first(on: bool) {
+    STATS_FIRST.store(on, Ordering::Relaxed)
+}
+
+static PAIRED: AtomicBool = AtomicBool::new(true);
+
+/// Turns [`paired_partials`] on or off (process-wide; for benchmarks that
+/// measure what it is worth). It changes only the speed.
+pub fn set_paired_partials(on: bool) {
+    PAIRED.store(on, Ordering::Relaxed)
+}
+
+/// Whether the LayerNorm backward, where it [`overlap`]s rows of
+/// `row_bytes` one at a time, adds two rows' dgamma/dbeta partials in one
+/// read-modify-write of the partial row (the second row's pass A adds the
+/// first row's terms, then its own): for rows past [`STEP_ROW_BYTES`],
+/// whose partial row is read and written from L2, not L1, and unless
+/// turned off by [`set_paired_partials`]. Measured here, backward time
+/// with it on over off: 0.96-0.98 at 65536-wide f32 rows; but 1.00 at
+/// 1024 and 1.01-1.06 at 768, whose partial rows sit in L1 anyway.
+#[inline(always)]
+pub fn paired_partials(row_bytes: usize) -> bool {
+    PAIRED.load(Ordering::Relaxed) && row_bytes > *STEP_ROW_BYTES.end()
+}
+
+/// The shortest row, in bytes, whose kernels [`overlap`] one group of
+/// rows' output pass with the next group's first pass. Measured here,
+/// fwd+bwd with it on over off: 0.96 at 768-wide f32 rows, 0.98 at 1024,
+/// 0.94-0.96 at 4096-65536; but 1.02 at 128 and 1.015 at 256, whose rows
+/// are too short for the joined loop to pay for itself.
+pub const OVERLAP_ROW_BYTES: usize = 2 << 10;
+
+/// Whether the LayerNorm kernels run the next rows' first pass inside this
+/// rows' output pass ([`write_rows_with`]) for rows of `row_bytes`: only
+/// for outputs that are streamed (the caller checks), rows of at least
+/// [`OVERLAP_ROW_BYTES`], and unless turned off by [`set_overlap`].
+#[inline(always)]
+pub fn overlap(row_bytes: usize) -> bool {
+    OVERLAP.load(Ordering::Relaxed) && row_bytes >= OVERLAP_ROW_BYTES
+}
