@@ -1,4 +1,5 @@
 //! Hand-written SVG: two log-log panels (variance error, LayerNorm error).
+
 use super::{Method, Report};
 use std::fmt::Write as _;
 
