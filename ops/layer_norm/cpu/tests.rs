@@ -296,3 +296,19 @@ fn groups_are_bounded_and_whole_chunks() {
         assert!(g == 1 || rpg >= MIN_GROUP_ROWS.min(n), "n={n} d={d}");
     }
 }
+
+#[test]
+fn rows_at_mut_gives_whole_rows_and_empty_past_the_end() {
+    let mut v: Vec<u32> = (0..10).collect();
+    let [a, b, c] = rows_at_mut::<u32, 3>(&mut v, 2, 3);
+    assert_eq!((&*a, b.len(), c.len()), (&[6, 7, 8][..], 0, 0));
+    a[0] = 60;
+    let [a, b] = rows_at_mut::<u32, 2>(&mut v, 1, 4);
+    assert_eq!((&*a, &*b), (&[4, 5, 60, 7][..], &[][..]));
+    let [a, b] = rows_at_mut::<u32, 2>(&mut v, 0, 5);
+    assert_eq!((&*a, &*b), (&[0, 1, 2, 3, 4][..], &[5, 60, 7, 8, 9][..]));
+    let [a, b] = rows_at_mut::<u32, 2>(&mut v, 7, 0);
+    assert_eq!((a.len(), b.len()), (0, 0));
+    let [a] = rows_at_mut::<u32, 1>(&mut v, 9, 3);
+    assert!(a.is_empty());
+}
