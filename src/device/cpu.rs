@@ -198,16 +198,25 @@ pub fn set_prefetch_next(on: bool) {
     PREFETCH_NEXT.store(on, Ordering::Relaxed)
 }
 
+/// Whether [`prefetch_next`] is on. Kernels read it once per task, not in
+/// their loops: read per 64-byte chunk, the atomic load and its branch kept
+/// LLVM from taking the test out of the output pass.
+#[inline(always)]
+pub(crate) fn prefetch_next_on() -> bool {
+    PREFETCH_NEXT.load(Ordering::Relaxed)
+}
+
 /// Hints that `s[stride + i..]`'s line will be read soon, into L2. The
 /// output pass over a row calls it with `stride` = the row length, so that
 /// the next row's reads go out alongside this row's writes instead of after
 /// them (measured here: 0.6-0.7 of a copy's rate without it at rows of 1-16
 /// KiB). The address may lie past the end of `s` (a prefetch never faults
-/// and the pointer is never dereferenced).
+/// and the pointer is never dereferenced). Callers check
+/// [`prefetch_next_on`] first.
 #[inline(always)]
 pub(crate) fn prefetch_next<T>(s: &[T], stride: usize, i: usize) {
     #[cfg(target_arch = "x86_64")]
-    if PREFETCH_NEXT.load(Ordering::Relaxed) {
+    {
         let p = s.as_ptr().wrapping_add(stride.wrapping_add(i)) as *const i8;
         // SAFETY: prefetch has no preconditions (any address; no access).
         unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p) }

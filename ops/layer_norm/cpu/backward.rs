@@ -273,6 +273,11 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     gamma: &'a [Acc<T>],
     d: usize,
     part: &'a mut [Acc<T>],
+    /// Whether single rows pair their partials ([`paired_partials`]), and
+    /// whether pass B may [`prefetch_next`] (both read once per task, not
+    /// per row).
+    pair: bool,
+    pf_next: bool,
 }
 
 impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
@@ -369,7 +374,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         (next, after): (bool, bool),
     ) -> Option<(Sums<T, R>, bool)> {
         let d = self.d;
-        let pair = P && R == 1 && paired_partials(d * std::mem::size_of::<T>());
+        let pair = P && R == 1 && self.pair;
         let (sums, deferred) = match sums {
             Some(s) => s,
             None => {
@@ -406,13 +411,14 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         // 64 KiB, whose next `x` and `dy` would not fit in L2 beside this
         // row's, `gamma` and the partials (80 -> 87 ms at 2048 x 65536), and
         // not when the next rows' pass A runs alongside (it reads them).
-        let ahead = !next && NT && d * std::mem::size_of::<T>() <= *STEP_ROW_BYTES.end();
+        let ahead =
+            !next && NT && self.pf_next && d * std::mem::size_of::<T>() <= *STEP_ROW_BYTES.end();
         // SAFETY (both closures' loads): the writers pass `k + LANES <= n`;
         // `xr[s]`, `dyr[s]` and `g` have length `n`.
-        let (v, sc) = (
+        let (vp, sc) = (
             #[inline(always)]
-            |s: usize, k: usize| unsafe {
-                if ahead {
+            |s: usize, k: usize, pf: bool| unsafe {
+                if pf {
                     prefetch_next(xr[s], R * d, k);
                     prefetch_next(dyr[s], R * d, k);
                 }
@@ -427,8 +433,24 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
                 r[s] * (g - mg[s] - xh * mgx[s])
             },
         );
+        let (v,) = (
+            #[inline(always)]
+            |s: usize, k: usize| vp(s, k, false),
+        );
         let Some(mut a) = a else {
-            write_rows::<T, V, NT, R>(dxr, false, v, sc);
+            // Two writer calls, so that the loop has no test on `ahead` (as
+            // in the forward).
+            if ahead {
+                write_rows::<T, V, NT, R>(
+                    dxr,
+                    false,
+                    #[inline(always)]
+                    |s, k| vp(s, k, true),
+                    sc,
+                );
+            } else {
+                write_rows::<T, V, NT, R>(dxr, false, v, sc);
+            }
             if deferred {
                 // Not reached (rows defer only when `next`), but never lose
                 // the partials.
@@ -536,6 +558,10 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
 ) {
     let mut dx_groups = dx.chunks_mut(rpg * d);
     let mut part_rows = parts.chunks_mut(2 * d);
+    let (pair, pf_next) = (
+        paired_partials(d * std::mem::size_of::<T>()),
+        prefetch_next_on(),
+    );
     let jobs: Vec<Bwd<'_, T, DX, P, NT>> = x
         .chunks(rpg * d)
         .zip(dy.chunks(rpg * d))
@@ -553,6 +579,8 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             gamma,
             d,
             part: part_rows.next().unwrap_or_default(),
+            pair,
+            pf_next,
         })
         .collect();
     dispatch_all(jobs);
