@@ -248,4 +248,4 @@ pub use lanes::{best_simd, set_simd_limit, simd, Simd};
 pub(crate) use lanes::{is_f32, Lanes, Portable};
 pub use tuning::*;
 pub use write::stream_copy;
-pub(crate) use write::{write_row, write_rows, write_rows_with};
+pub(crate) use write::{write_row, write_rows_ahead, write_rows_with};

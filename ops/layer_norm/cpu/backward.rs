@@ -438,19 +438,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
             |s: usize, k: usize| vp(s, k, false),
         );
         let Some(mut a) = a else {
-            // Two writer calls, so that the loop has no test on `ahead` (as
-            // in the forward).
-            if ahead {
-                write_rows::<T, V, NT, R>(
-                    dxr,
-                    false,
-                    #[inline(always)]
-                    |s, k| vp(s, k, true),
-                    sc,
-                );
-            } else {
-                write_rows::<T, V, NT, R>(dxr, false, v, sc);
-            }
+            write_rows_ahead::<T, V, NT, R>(dxr, false, ahead, vp, sc);
             if deferred {
                 // Not reached (rows defer only when `next`), but never lose
                 // the partials.

@@ -190,21 +190,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
             |k: usize, i: usize| vp(k, i, false),
         );
         if !next {
-            // Two writer calls, so that the loop has no test on `ahead`:
-            // with the test (and, before, an atomic load of the switch) in
-            // it, fwd+bwd at 128- and 256-wide rows took 1.02x and then
-            // 1.015-1.03x as long (interleaved, 301 reps).
-            if ahead {
-                write_rows::<T, V, NT, R>(
-                    yr,
-                    seg,
-                    #[inline(always)]
-                    |k, i| vp(k, i, true),
-                    sc,
-                );
-            } else {
-                write_rows::<T, V, NT, R>(yr, seg, v, sc);
-            }
+            write_rows_ahead::<T, V, NT, R>(yr, seg, ahead, vp, sc);
             return Ahead::default();
         }
         let xn = rows_at::<T, R>(self.x, i + R, d);
