@@ -286,8 +286,9 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
     type Output = ();
 
     /// Per row: pass A ([`PassA`]), then, with the row still in cache,
-    /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`; the rows go
-    /// [`rows_in_step`] at a time, the last few one by one. Where the next
+    /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`; where
+    /// [`rows_in_step`] puts rows in lockstep, they go [`BWD_ROWS_IN_STEP`]
+    /// at a time, the last one alone. Where the next
     /// rows exist, their pass A runs inside this rows' pass B
     /// ([`write_rows_with`]), so `x` and `dy` stream in while `dx` streams
     /// out.
@@ -302,12 +303,12 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
         let fuse = DX && NT && overlap(d * std::mem::size_of::<T>());
         let mut i = 0;
         if rows_in_step(d * std::mem::size_of::<T>()) == ROWS_IN_STEP {
+            const S: usize = BWD_ROWS_IN_STEP;
             let mut sums = None;
-            while i + ROWS_IN_STEP <= n {
-                let next = fuse && i + 2 * ROWS_IN_STEP <= n;
-                let after = fuse && i + 3 * ROWS_IN_STEP <= n;
-                sums = self.rows::<V, ROWS_IN_STEP>(i, pg, pb, sums, (next, after));
-                i += ROWS_IN_STEP;
+            while i + S <= n {
+                let (next, after) = (fuse && i + 2 * S <= n, fuse && i + 3 * S <= n);
+                sums = self.rows::<V, S>(i, pg, pb, sums, (next, after));
+                i += S;
             }
         }
         let mut sums = None;

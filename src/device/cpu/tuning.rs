@@ -9,6 +9,18 @@ use super::*;
 /// [`rows_in_step`]).
 pub const ROWS_IN_STEP: usize = 4;
 
+/// Rows the LayerNorm backward advances in lockstep where [`rows_in_step`]
+/// is [`ROWS_IN_STEP`]. Its joined loop holds two groups of rows at once
+/// (this group's pass B, the next group's pass A): at four rows, their
+/// statistics, row sums and pointers need about 56 vector registers of 32
+/// and spill, and the two groups' `x` and `dy` (1 MiB at 16384 wide) fill
+/// half of L2. Measured here, backward time with two rows over four
+/// (2026-11-30, `ab_switches`, 31 and 61 reps): 0.955 and 0.949 at
+/// 1024 x 16384, 0.968 and 0.975 at 2048 x 8192, 1.006 and 0.982 at
+/// 8192 x 4096. Each row keeps its own accumulators and the partials
+/// still take the rows in row order, so the bits are unchanged.
+pub const BWD_ROWS_IN_STEP: usize = 2;
+
 /// The row sizes, in bytes, at which [`rows_in_step`] is [`ROWS_IN_STEP`].
 /// Shorter rows are bound by their per-row arithmetic, which four rows at
 /// once only slows (more live registers); longer ones would not fit in L2
