@@ -15,8 +15,8 @@
 //! equal runs into accumulator `j`: [`segmented`]), added lane-wise and
 //! folded pairwise at the end of the row ([`fold_all`]); elements past the
 //! last whole chunk are added after the fold, in order. Rows of 16-64 KiB
-//! are taken [`ROWS_IN_STEP`] at a time in lockstep ([`rows_in_step`]) by
-//! the forward and [`BWD_ROWS_IN_STEP`] at a time by the backward,
+//! are taken [`ROWS_IN_STEP`] at a time in lockstep ([`rows_in_step`]; the
+//! backward takes rows past 16 KiB two at a time, [`bwd_rows_in_step`]),
 //! which changes no bits: each row keeps its own accumulators, and the
 //! dgamma/dbeta partials still add the rows in row order. Each task runs through [`dispatch`], which picks an
 //! AVX-512, AVX2 or plain-Rust build for f32 (plain Rust for the other
@@ -41,10 +41,10 @@
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, long_fwd_tasks, overlap,
-    paired_partials, prefetch, prefetch_next, prefetch_next_on, rows_in_step, rows_per_chunk,
-    segmented, should_stream, stats_first, write_rows_ahead, write_rows_with, Kernel, Lanes,
-    BWD_ROWS_IN_STEP, ROWS_IN_STEP, STATS_FIRST_ROWS, STEP_ROW_BYTES, UNROLL,
+    bwd_rows_in_step, dispatch, dispatch_all, each_chunk, each_chunk_in, fence, fold_all,
+    long_fwd_tasks, overlap, paired_partials, prefetch, prefetch_next, prefetch_next_on,
+    rows_in_step, rows_per_chunk, segmented, should_stream, stats_first, write_rows_ahead,
+    write_rows_with, Kernel, Lanes, ROWS_IN_STEP, STATS_FIRST_ROWS, STEP_ROW_BYTES, UNROLL,
 };
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};

@@ -286,9 +286,8 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
     type Output = ();
 
     /// Per row: pass A ([`PassA`]), then, with the row still in cache,
-    /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`; where
-    /// [`rows_in_step`] puts rows in lockstep, they go [`BWD_ROWS_IN_STEP`]
-    /// at a time, the last one alone. Where the next
+    /// pass B: `dx = r * (g - mean(g) - xhat * mean(g * xhat))`; the rows go
+    /// [`bwd_rows_in_step`] at a time, the last few one by one. Where the next
     /// rows exist, their pass A runs inside this rows' pass B
     /// ([`write_rows_with`]), so `x` and `dy` stream in while `dx` streams
     /// out.
@@ -302,26 +301,35 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
         let n = n.min(self.x.len().min(self.dy.len()) / d.max(1));
         let fuse = DX && NT && overlap(d * std::mem::size_of::<T>());
         let mut i = 0;
-        if rows_in_step(d * std::mem::size_of::<T>()) == ROWS_IN_STEP {
-            const S: usize = BWD_ROWS_IN_STEP;
-            let mut sums = None;
-            while i + S <= n {
-                let (next, after) = (fuse && i + 2 * S <= n, fuse && i + 3 * S <= n);
-                sums = self.rows::<V, S>(i, pg, pb, sums, (next, after));
-                i += S;
-            }
+        match bwd_rows_in_step(d * std::mem::size_of::<T>()) {
+            ROWS_IN_STEP => self.steps::<V, ROWS_IN_STEP>(&mut i, n, fuse, (pg, pb)),
+            2 => self.steps::<V, 2>(&mut i, n, fuse, (pg, pb)),
+            _ => {}
         }
-        let mut sums = None;
-        while i < n {
-            let (next, after) = (fuse && i + 1 < n, fuse && i + 2 < n);
-            sums = self.rows::<V, 1>(i, pg, pb, sums, (next, after));
-            i += 1;
-        }
+        self.steps::<V, 1>(&mut i, n, fuse, (pg, pb));
         fence::<NT>();
     }
 }
 
 impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, DX, P, NT> {
+    /// Rows from `*i` on, `R` at a time ([`Bwd::rows`]), while `R` of the
+    /// `n` are left; `*i` ends at the first row not done.
+    #[inline(always)]
+    fn steps<V: Lanes<T>, const R: usize>(
+        &mut self,
+        i: &mut usize,
+        n: usize,
+        fuse: bool,
+        (pg, pb): (&mut [Acc<T>], &mut [Acc<T>]),
+    ) {
+        let mut sums = None;
+        while *i + R <= n {
+            let (next, after) = (fuse && *i + 2 * R <= n, fuse && *i + 3 * R <= n);
+            sums = self.rows::<V, R>(*i, pg, pb, sums, (next, after));
+            *i += R;
+        }
+    }
+
     /// The saved mean and rstd of rows `i..i + R` (zero past the end).
     #[inline(always)]
     fn stats<const R: usize>(&self, i: usize) -> ([Acc<T>; R], [Acc<T>; R]) {

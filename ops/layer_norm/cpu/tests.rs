@@ -96,7 +96,7 @@ fn every_build_and_store_kind_gives_the_same_bits() {
 #[test]
 fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
     let _hold = SEGMENTED.lock();
-    use crate::device::cpu::{rows_in_step, set_lockstep};
+    use crate::device::cpu::{bwd_rows_in_step, rows_in_step, set_lockstep};
     let mut rng = Rng::new(11);
     // Rows inside the lockstep range: whole steps plus a remainder, a
     // row length that is not a multiple of the lanes (unequal
@@ -104,6 +104,9 @@ fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
     // whose rows all share an alignment.
     for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
         assert_eq!(rows_in_step(d * 4), ROWS_IN_STEP, "d={d}");
+        // The backward takes 16 KiB rows four at a time, longer ones two.
+        let bwd = if d * 4 > 16 << 10 { 2 } else { ROWS_IN_STEP };
+        assert_eq!(bwd_rows_in_step(d * 4), bwd, "d={d}");
         same_bits_either_way(set_lockstep, &case(&mut rng, n, d, 2.0, -0.5), d);
     }
 }

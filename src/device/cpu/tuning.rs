@@ -9,18 +9,6 @@ use super::*;
 /// [`rows_in_step`]).
 pub const ROWS_IN_STEP: usize = 4;
 
-/// Rows the LayerNorm backward advances in lockstep where [`rows_in_step`]
-/// is [`ROWS_IN_STEP`]. Its joined loop holds two groups of rows at once
-/// (this group's pass B, the next group's pass A): at four rows, their
-/// statistics, row sums and pointers need about 56 vector registers of 32
-/// and spill, and the two groups' `x` and `dy` (1 MiB at 16384 wide) fill
-/// half of L2. Measured here, backward time with two rows over four
-/// (2026-11-30, `ab_switches`, 31 and 61 reps): 0.955 and 0.949 at
-/// 1024 x 16384, 0.968 and 0.975 at 2048 x 8192, 1.006 and 0.982 at
-/// 8192 x 4096. Each row keeps its own accumulators and the partials
-/// still take the rows in row order, so the bits are unchanged.
-pub const BWD_ROWS_IN_STEP: usize = 2;
-
 /// The row sizes, in bytes, at which [`rows_in_step`] is [`ROWS_IN_STEP`].
 /// Shorter rows are bound by their per-row arithmetic, which four rows at
 /// once only slows (more live registers); longer ones would not fit in L2
@@ -31,6 +19,24 @@ pub const BWD_ROWS_IN_STEP: usize = 2;
 pub const STEP_ROW_BYTES: std::ops::RangeInclusive<usize> = (16 << 10)..=(64 << 10);
 
 static LOCKSTEP: AtomicBool = AtomicBool::new(true);
+
+/// Rows the LayerNorm backward advances together for rows of `row_bytes`:
+/// [`rows_in_step`], but two, not four, for rows past 16 KiB. The joined
+/// loop holds two groups of rows at once (this group's pass B, the next
+/// group's pass A): at four rows their statistics, row sums and pointers
+/// need about 56 vector registers of 32 and spill, and at 64 KiB rows the
+/// two groups' `x` and `dy` fill half of L2. Measured here, backward time
+/// four rows over two (2026-11-30, `ab_switches`, 61 reps, two runs):
+/// 1.11 and 1.17 at 1024 x 16384, 1.05 and 1.08 at 2048 x 8192; at
+/// 16 KiB rows four stay (8192 x 4096: 0.93, 1.00, 0.98 and 0.99 in four
+/// runs). Each row keeps its own accumulators and the partials still take
+/// the rows in row order, so the bits are unchanged.
+pub fn bwd_rows_in_step(row_bytes: usize) -> usize {
+    match rows_in_step(row_bytes) {
+        ROWS_IN_STEP if row_bytes > *STEP_ROW_BYTES.start() => 2,
+        r => r,
+    }
+}
 
 /// Rows the LayerNorm kernels advance together for rows of `row_bytes`:
 /// [`ROWS_IN_STEP`] within [`STEP_ROW_BYTES`] (unless turned off by
