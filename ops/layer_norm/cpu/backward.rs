@@ -274,8 +274,10 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     d: usize,
     part: &'a mut [Acc<T>],
     /// Whether single rows pair their partials ([`paired_partials`]), and
-    /// whether pass B may [`prefetch_next`] (both read once per task, not
-    /// per row).
+    /// whether pass B may [`prefetch_next`]: the switch is on and rows are
+    /// at most 64 KiB, since longer rows' next `x` and `dy` would not fit
+    /// in L2 beside this row's, `gamma` and the partials (80 -> 87 ms at
+    /// 2048 x 65536). Both are set once per task, not per row.
     pair: bool,
     pf_next: bool,
 }
@@ -416,12 +418,10 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         });
         // The next rows' `x` and `dy` are fetched a row ahead only for
         // outputs large enough to stream (smaller data is in cache anyway,
-        // and the prefetches cost 5-10% at 512 x 2048), not for rows past
-        // 64 KiB, whose next `x` and `dy` would not fit in L2 beside this
-        // row's, `gamma` and the partials (80 -> 87 ms at 2048 x 65536), and
-        // not when the next rows' pass A runs alongside (it reads them).
-        let ahead =
-            !next && NT && self.pf_next && d * std::mem::size_of::<T>() <= *STEP_ROW_BYTES.end();
+        // and the prefetches cost 5-10% at 512 x 2048), where `pf_next`
+        // allows it, and not when the next rows' pass A runs alongside (it
+        // reads them).
+        let ahead = !next && NT && self.pf_next;
         // SAFETY (both closures' loads): the writers pass `k + LANES <= n`;
         // `xr[s]`, `dyr[s]` and `g` have length `n`.
         let (vp, sc) = (
@@ -555,9 +555,10 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
 ) {
     let mut dx_groups = dx.chunks_mut(rpg * d);
     let mut part_rows = parts.chunks_mut(2 * d);
+    let row_bytes = d * std::mem::size_of::<T>();
     let (pair, pf_next) = (
-        paired_partials(d * std::mem::size_of::<T>()),
-        prefetch_next_on(),
+        paired_partials(row_bytes),
+        prefetch_next_on() && row_bytes <= *STEP_ROW_BYTES.end(),
     );
     let jobs: Vec<Bwd<'_, T, DX, P, NT>> = x
         .chunks(rpg * d)
