@@ -17,7 +17,8 @@ use std::time::Instant;
 
 type Switch = (&'static str, fn(bool));
 
-const SWITCHES: [Switch; 8] = [
+const SWITCHES: [Switch; 9] = [
+    ("team of threads", cpu::set_team),
     ("statistics first", cpu::set_stats_first),
     ("long forward tasks", cpu::set_long_fwd_tasks),
     ("lockstep rows", cpu::set_lockstep),

@@ -24,7 +24,7 @@ use crate::rng::Rng;
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use crate::{ops, Error};
-use rayon::prelude::*;
+use std::sync::Mutex;
 use std::time::Instant;
 
 /// The shapes (N, D) of the targets.
@@ -106,10 +106,11 @@ fn reps_for(probe_s: f64, budget_s: f64, lo: usize, hi: usize) -> usize {
     ((budget_s / probe_s.max(1e-9)) as usize).clamp(lo, hi)
 }
 
-/// The copy baseline: `dst.copy_from_slice(src)` split across the rayon
+/// The copy baseline: `dst.copy_from_slice(src)` split across the
 /// threads, one contiguous block per thread or in 256 KiB blocks, and a
 /// copy with streaming stores ([`cpu::stream_copy`]), one block per
-/// thread; the fastest of the three in this rep. glibc's memcpy streams
+/// thread; the fastest of the three in this rep. The blocks go to the
+/// threads as the kernels' tasks do ([`cpu::run_tasks`]). glibc's memcpy streams
 /// only blocks past its own threshold (114 MB here), so without the third
 /// a copy of 84 MB per thread (the 16M-element shapes) ran at the slower
 /// cached rate, and LayerNorm was compared with a weaker baseline at those
@@ -119,15 +120,21 @@ fn best_copy(dst: &mut [f32], src: &[f32]) -> f64 {
     let mut best = f64::INFINITY;
     for (chunk, stream) in [(per_thread, false), (64 * 1024, false), (per_thread, true)] {
         let s = Instant::now();
-        dst.par_chunks_mut(chunk)
-            .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| {
+        let blocks: Vec<Mutex<(&mut [f32], &[f32])>> = dst
+            .chunks_mut(chunk)
+            .zip(src.chunks(chunk))
+            .map(Mutex::new)
+            .collect();
+        cpu::run_tasks(blocks.len(), &|i| {
+            if let Some(Ok(mut b)) = blocks.get(i).map(|b| b.lock()) {
+                let (d, s) = &mut *b;
                 if stream {
                     cpu::stream_copy(d, s)
                 } else {
                     d.copy_from_slice(s)
                 }
-            });
+            }
+        });
         best = best.min(s.elapsed().as_secs_f64());
     }
     best

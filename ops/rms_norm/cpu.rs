@@ -6,8 +6,8 @@
 //! thread count and instruction set. Sums run in 8 lanes, in `T::Acc`.
 
 use crate::device::cpu::{
-    dispatch, dispatch_all, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream,
-    write_row, Kernel, Lanes, UNROLL,
+    dispatch_all, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream, write_row,
+    Kernel, Lanes, UNROLL,
 };
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
@@ -16,7 +16,6 @@ use crate::ops::layer_norm::cpu::{
 };
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
-use rayon::prelude::*;
 
 type Acc<T> = <T as Element>::Acc;
 
@@ -100,7 +99,7 @@ impl<T: Element, const G: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, NT> 
     }
 }
 
-/// Runs the forward tasks, one per chunk of rows.
+/// Runs the forward tasks, one per chunk of rows ([`dispatch_all`]).
 fn fwd_launch<T: Element, const G: bool, const NT: bool>(
     x: &[T],
     y: &mut [T],
@@ -109,8 +108,12 @@ fn fwd_launch<T: Element, const G: bool, const NT: bool>(
     d: usize,
     eps: Acc<T>,
 ) {
-    let task = |x, y, rstd| {
-        dispatch(Fwd::<T, G, NT> {
+    let rpc = rows_per_chunk(d);
+    let jobs: Vec<Fwd<'_, T, G, NT>> = x
+        .chunks(rpc * d)
+        .zip(y.chunks_mut(rpc * d))
+        .zip(rstd.chunks_mut(rpc))
+        .map(|((x, y), rstd)| Fwd {
             x,
             y,
             rstd,
@@ -118,16 +121,8 @@ fn fwd_launch<T: Element, const G: bool, const NT: bool>(
             d,
             eps,
         })
-    };
-    let rpc = rows_per_chunk(d);
-    if rstd.len() <= rpc {
-        task(x, y, rstd);
-    } else {
-        x.par_chunks(rpc * d)
-            .zip(y.par_chunks_mut(rpc * d))
-            .zip(rstd.par_chunks_mut(rpc))
-            .for_each(|((xc, yc), rc)| task(xc, yc, rc));
-    }
+        .collect();
+    dispatch_all(jobs);
 }
 
 /// RMSNorm forward over `x.len() / d` rows: `(y, rstd)`.

@@ -21,11 +21,13 @@
 //! being read.
 //!
 //! Files: this one holds the chunking, the [`Kernel`] dispatch and the
-//! prefetch hints; `lanes` the SIMD builds, `tuning` the speed switches
-//! and thresholds, `write` the row writers, and `tests` their unit tests.
+//! prefetch hints; `lanes` the SIMD builds, `team` the threads that run
+//! the tasks, `tuning` the speed switches and thresholds, `write` the row
+//! writers, and `tests` their unit tests.
 
 use crate::dtype::Element;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// Rows per chunk for a row-wise kernel over rows of `d` elements: about
 /// `TARGET` elements per chunk, at least one row.
@@ -147,18 +149,30 @@ pub(crate) fn dispatch<T: Element, K: Kernel<T>>(k: K) -> K::Output {
     k.run::<Portable<T>>()
 }
 
-/// Runs each job through [`dispatch`], in parallel when there are several,
-/// and returns their outputs in job order.
+/// Runs each job through [`dispatch`], in parallel when there are several
+/// ([`run_tasks`]), and returns their outputs in job order.
 pub(crate) fn dispatch_all<T: Element, K: Kernel<T> + Send>(jobs: Vec<K>) -> Vec<K::Output>
 where
     K::Output: Send,
 {
-    use rayon::prelude::*;
     if jobs.len() <= 1 {
-        jobs.into_iter().map(dispatch).collect()
-    } else {
-        jobs.into_par_iter().map(dispatch).collect()
+        return jobs.into_iter().map(dispatch).collect();
     }
+    // Each slot is taken by the one task that claims its index.
+    type Slot<K, O> = Mutex<(Option<K>, Option<O>)>;
+    let slots: Vec<Slot<K, K::Output>> = jobs
+        .into_iter()
+        .map(|k| Mutex::new((Some(k), None)))
+        .collect();
+    run_tasks(slots.len(), &|i| {
+        if let Some(Ok(mut slot)) = slots.get(i).map(|s| s.lock()) {
+            slot.1 = slot.0.take().map(dispatch);
+        }
+    });
+    slots
+        .into_iter()
+        .filter_map(|s| s.into_inner().ok().and_then(|(_, out)| out))
+        .collect()
 }
 
 /// How far ahead (in bytes) the first pass over a row prefetches. The
@@ -237,6 +251,7 @@ pub(crate) fn fence<const NT: bool>() {
 }
 
 mod lanes;
+mod team;
 #[cfg(test)]
 mod tests;
 mod tuning;
@@ -246,6 +261,8 @@ mod write;
 use lanes::x86;
 pub use lanes::{best_simd, set_simd_limit, simd, Simd};
 pub(crate) use lanes::{is_f32, Lanes, Portable};
+pub(crate) use team::run_tasks;
+pub use team::{set_team, SPIN, YIELD};
 pub use tuning::*;
 pub use write::stream_copy;
 pub(crate) use write::{write_row, write_rows_ahead, write_rows_with};

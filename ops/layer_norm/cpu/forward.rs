@@ -288,7 +288,7 @@ pub(super) fn fwd_rows_per_task(row_bytes: usize, rpc: usize) -> usize {
 }
 
 /// Runs the forward tasks: one per chunk of rows, in parallel when there
-/// is more than one.
+/// is more than one ([`dispatch_all`]).
 #[allow(clippy::too_many_arguments)]
 fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
     x: &[T],
@@ -302,8 +302,12 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
 ) {
     let row_bytes = d * std::mem::size_of::<T>();
     let (seg, pf_next) = (segmented(row_bytes), prefetch_next_on());
-    let task = |x, y, mean, rstd| {
-        dispatch(Fwd::<T, G, B, NT> {
+    let rpc = fwd_rows_per_task(row_bytes, rows_per_chunk(d));
+    let jobs: Vec<Fwd<'_, T, G, B, NT>> = x
+        .chunks(rpc * d)
+        .zip(y.chunks_mut(rpc * d))
+        .zip(mean.chunks_mut(rpc).zip(rstd.chunks_mut(rpc)))
+        .map(|((x, y), (mean, rstd))| Fwd {
             x,
             y,
             mean,
@@ -316,16 +320,8 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
             seg,
             pf_next,
         })
-    };
-    let rpc = fwd_rows_per_task(row_bytes, rows_per_chunk(d));
-    if mean.len() <= rpc {
-        task(x, y, mean, rstd);
-    } else {
-        x.par_chunks(rpc * d)
-            .zip(y.par_chunks_mut(rpc * d))
-            .zip(mean.par_chunks_mut(rpc).zip(rstd.par_chunks_mut(rpc)))
-            .for_each(|((xc, yc), (mc, rc))| task(xc, yc, mc, rc));
-    }
+        .collect();
+    dispatch_all(jobs);
 }
 
 /// LayerNorm forward over `x.len() / d` rows of `d` (`d > 0`; a parameter,

@@ -141,3 +141,74 @@ fn simd_is_within_what_the_cpu_has() {
     assert!(Simd::Portable < Simd::Avx2 && Simd::Avx2 < Simd::Avx512);
     assert_eq!(Simd::Avx512.to_string(), "AVX-512");
 }
+
+/// Runs `run_tasks(count, ..)` and returns how often each task ran.
+fn task_runs(count: usize) -> Vec<usize> {
+    let runs: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
+    run_tasks(count, &|i| {
+        runs[i].fetch_add(1, Ordering::SeqCst);
+    });
+    runs.into_iter().map(AtomicUsize::into_inner).collect()
+}
+
+#[test]
+fn the_team_runs_every_task_once() {
+    for count in [0, 1, 2, 3, 5, 7, 64, 1000] {
+        assert_eq!(task_runs(count), vec![1; count], "{count} tasks");
+    }
+    // Past the helpers' spinning and yielding they sleep; a launch wakes
+    // them.
+    std::thread::sleep(SPIN + YIELD + std::time::Duration::from_millis(5));
+    assert_eq!(task_runs(9), vec![1; 9], "after the helpers slept");
+}
+
+#[test]
+fn a_one_thread_pool_runs_the_tasks_on_the_caller() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a rayon pool");
+    let ids = pool.install(|| {
+        let ids = Mutex::new(Vec::new());
+        run_tasks(16, &|_| {
+            if let Ok(mut v) = ids.lock() {
+                v.push(std::thread::current().id());
+            }
+        });
+        ids.into_inner().unwrap_or_default()
+    });
+    assert_eq!(ids.len(), 16);
+    assert!(ids.iter().all(|&t| t == ids[0]), "all on one thread");
+}
+
+#[test]
+fn launches_from_several_threads_each_run_their_tasks_once() {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|k| {
+                s.spawn(move || {
+                    (0..200).all(|r| {
+                        let count = 1 + (k * 7 + r) % 23;
+                        task_runs(count) == vec![1; count]
+                    })
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().ok(), Some(true));
+        }
+    });
+}
+
+#[test]
+fn a_panicking_task_panics_the_launch_and_the_team_goes_on() {
+    let hit = std::panic::catch_unwind(|| {
+        run_tasks(8, &|i| {
+            if i == 5 {
+                panic!("task 5");
+            }
+        })
+    });
+    assert!(hit.is_err());
+    assert_eq!(task_runs(8), vec![1; 8]);
+}
