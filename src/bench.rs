@@ -24,7 +24,6 @@ use crate::rng::Rng;
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use crate::{ops, Error};
-use std::sync::Mutex;
 use std::time::Instant;
 
 /// The shapes (N, D) of the targets.
@@ -110,7 +109,7 @@ fn reps_for(probe_s: f64, budget_s: f64, lo: usize, hi: usize) -> usize {
 /// threads, one contiguous block per thread or in 256 KiB blocks, and a
 /// copy with streaming stores ([`cpu::stream_copy`]), one block per
 /// thread; the fastest of the three in this rep. The blocks go to the
-/// threads as the kernels' tasks do ([`cpu::run_tasks`]). glibc's memcpy streams
+/// threads as the kernels' tasks do ([`cpu::run_each`]). glibc's memcpy streams
 /// only blocks past its own threshold (114 MB here), so without the third
 /// a copy of 84 MB per thread (the 16M-element shapes) ran at the slower
 /// cached rate, and LayerNorm was compared with a weaker baseline at those
@@ -120,19 +119,12 @@ fn best_copy(dst: &mut [f32], src: &[f32]) -> f64 {
     let mut best = f64::INFINITY;
     for (chunk, stream) in [(per_thread, false), (64 * 1024, false), (per_thread, true)] {
         let s = Instant::now();
-        let blocks: Vec<Mutex<(&mut [f32], &[f32])>> = dst
-            .chunks_mut(chunk)
-            .zip(src.chunks(chunk))
-            .map(Mutex::new)
-            .collect();
-        cpu::run_tasks(blocks.len(), &|i| {
-            if let Some(Ok(mut b)) = blocks.get(i).map(|b| b.lock()) {
-                let (d, s) = &mut *b;
-                if stream {
-                    cpu::stream_copy(d, s)
-                } else {
-                    d.copy_from_slice(s)
-                }
+        let blocks: Vec<_> = dst.chunks_mut(chunk).zip(src.chunks(chunk)).collect();
+        cpu::run_each(blocks, |(d, s)| {
+            if stream {
+                cpu::stream_copy(d, s)
+            } else {
+                d.copy_from_slice(s)
             }
         });
         best = best.min(s.elapsed().as_secs_f64());

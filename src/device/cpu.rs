@@ -27,7 +27,6 @@
 
 use crate::dtype::Element;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 /// Rows per chunk for a row-wise kernel over rows of `d` elements: about
 /// `TARGET` elements per chunk, at least one row.
@@ -150,29 +149,12 @@ pub(crate) fn dispatch<T: Element, K: Kernel<T>>(k: K) -> K::Output {
 }
 
 /// Runs each job through [`dispatch`], in parallel when there are several
-/// ([`run_tasks`]), and returns their outputs in job order.
+/// ([`run_each`]), and returns their outputs in job order.
 pub(crate) fn dispatch_all<T: Element, K: Kernel<T> + Send>(jobs: Vec<K>) -> Vec<K::Output>
 where
     K::Output: Send,
 {
-    if jobs.len() <= 1 {
-        return jobs.into_iter().map(dispatch).collect();
-    }
-    // Each slot is taken by the one task that claims its index.
-    type Slot<K, O> = Mutex<(Option<K>, Option<O>)>;
-    let slots: Vec<Slot<K, K::Output>> = jobs
-        .into_iter()
-        .map(|k| Mutex::new((Some(k), None)))
-        .collect();
-    run_tasks(slots.len(), &|i| {
-        if let Some(Ok(mut slot)) = slots.get(i).map(|s| s.lock()) {
-            slot.1 = slot.0.take().map(dispatch);
-        }
-    });
-    slots
-        .into_iter()
-        .filter_map(|s| s.into_inner().ok().and_then(|(_, out)| out))
-        .collect()
+    run_each(jobs, dispatch)
 }
 
 /// How far ahead (in bytes) the first pass over a row prefetches. The
@@ -261,7 +243,9 @@ mod write;
 use lanes::x86;
 pub use lanes::{best_simd, set_simd_limit, simd, Simd};
 pub(crate) use lanes::{is_f32, Lanes, Portable};
-pub(crate) use team::run_tasks;
+pub(crate) use team::run_each;
+#[cfg(test)]
+use team::run_tasks;
 pub use team::{set_team, SPIN, YIELD};
 pub use tuning::*;
 pub use write::stream_copy;

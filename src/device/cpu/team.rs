@@ -225,3 +225,22 @@ pub(crate) fn run_tasks(count: usize, f: &(dyn Fn(usize) + Sync)) {
         panic!("a fusegrad kernel task panicked");
     }
 }
+
+/// `f` of each item, in parallel through [`run_tasks`] (one task per
+/// item), in item order.
+pub(crate) fn run_each<I: Send, O: Send>(items: Vec<I>, f: impl Fn(I) -> O + Sync) -> Vec<O> {
+    // Each slot is taken by the one task that claims its index.
+    let slots: Vec<Mutex<(Option<I>, Option<O>)>> = items
+        .into_iter()
+        .map(|k| Mutex::new((Some(k), None)))
+        .collect();
+    run_tasks(slots.len(), &|i| {
+        if let Some(Ok(mut slot)) = slots.get(i).map(|s| s.lock()) {
+            slot.1 = slot.0.take().map(&f);
+        }
+    });
+    slots
+        .into_iter()
+        .filter_map(|s| s.into_inner().ok().and_then(|(_, out)| out))
+        .collect()
+}

@@ -2,6 +2,7 @@
 
 use super::lanes::fold;
 use super::*;
+use std::sync::Mutex;
 
 #[test]
 fn chunks_depend_on_row_length_only() {
