@@ -72,6 +72,10 @@ pub struct Row {
     pub composed_s: Option<f64>,
     /// composed time / fused time.
     pub speedup: Option<f64>,
+    /// Minor page faults of the process per timed step (forward, backward
+    /// and copy), where the OS reports them (Linux). A warm step should
+    /// fault in no fresh pages: its large buffers come from the pool.
+    pub faults_per_step: Option<f64>,
 }
 
 /// Median of `reps` timings of `f` after `warm` untimed calls.
@@ -97,6 +101,20 @@ fn time(f: impl FnOnce() -> Result<()>) -> Result<f64> {
     let s = Instant::now();
     f()?;
     Ok(s.elapsed().as_secs_f64())
+}
+
+/// Minor page faults of this process so far, from `/proc/self/stat`
+/// (`None` where there is none).
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Field 10; the fields after the command name (in parentheses) start
+    // at field 3.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(7)?
+        .parse()
+        .ok()
 }
 
 /// Repetitions so that one measurement takes about `budget_s` given one
@@ -168,8 +186,17 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
         );
         ops::layer_norm(&xv, Some(&gv), Some(&bv), 1e-5)
     };
-    let y = fwd()?;
-    let bwd = || y.backward_with(&dy).map(|_| ());
+    // One rep is a training step: the backward runs through the forward's
+    // fresh output, so `y` and `dx` are alive together and the buffer pool
+    // sees what a user's loop gives it (timing the backward on one `y`
+    // kept across reps hid a pool that evicted `dx` on every step).
+    let step = || -> Result<[f64; 2]> {
+        let s = Instant::now();
+        let y = fwd()?;
+        let f = s.elapsed().as_secs_f64();
+        let b = time(|| y.backward_with(&dy).map(|_| ()))?;
+        Ok([f, b])
+    };
     let elems = numel as f64;
     let min_bytes = elems * (FWD_BYTES_PER_ELEM + BWD_BYTES_PER_ELEM) as f64 + (d * 4 * 5) as f64;
     // The copy reads `copy_len` f32 and writes as many: `min_bytes` in all.
@@ -178,15 +205,20 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
     let mut dst = vec![0.0f32; copy_len];
 
     // Warm-up: fill the buffer pool and the copy target, fault in pages.
-    let probe = time(|| fwd().map(|_| ()))? + time(bwd)?;
+    let probe: f64 = step()?.iter().sum();
     best_copy(&mut dst, &src);
     let reps = reps_for(probe, budget_s, 5, 200);
     let (mut tf, mut tb, mut tc) = (Vec::new(), Vec::new(), Vec::new());
+    let faults_before = minor_faults();
     for _ in 0..reps {
-        tf.push(time(|| fwd().map(|_| ()))?);
-        tb.push(time(bwd)?);
+        let [f, b] = step()?;
+        tf.push(f);
+        tb.push(b);
         tc.push(best_copy(&mut dst, &src));
     }
+    let faults_per_step = faults_before
+        .zip(minor_faults())
+        .map(|(a, b)| b.saturating_sub(a) as f64 / reps as f64);
     let (fwd_s, bwd_s, copy_s) = (median(&mut tf), median(&mut tb), median(&mut tc));
     drop((dst, src));
     let copy_gbps = (copy_len * 8) as f64 / copy_s / 1e9;
@@ -220,12 +252,13 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
         copy_fraction: gbps / copy_gbps,
         composed_s,
         speedup: composed_s.map(|c| c / fused),
+        faults_per_step,
     })
 }
 
 /// Table header for [`Row`]'s Display.
 pub const HEADER: &str =
-    "      N x D        fwd ms   bwd ms    GB/s  copy GB/s  of copy  composed ms  speed-up";
+    "      N x D        fwd ms   bwd ms    GB/s  copy GB/s  of copy  composed ms  speed-up  faults/step";
 
 impl std::fmt::Display for Row {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -243,6 +276,10 @@ impl std::fmt::Display for Row {
         match (self.composed_s, self.speedup) {
             (Some(c), Some(s)) => write!(f, " {:>12.2} {:>8.1}x", c * 1e3, s),
             _ => write!(f, " {:>12} {:>9}", "-", "-"),
+        }?;
+        match self.faults_per_step {
+            Some(v) => write!(f, " {v:>12.1}"),
+            None => write!(f, " {:>12}", "-"),
         }
     }
 }
@@ -261,7 +298,7 @@ impl Row {
     pub fn json(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("null".to_string(), num);
         format!(
-            "{{\"n\":{},\"d\":{},\"reps\":{},\"fwd_s\":{},\"bwd_s\":{},\"min_bytes\":{},\"gbps\":{},\"copy_gbps\":{},\"copy_fraction\":{},\"composed_s\":{},\"speedup\":{}}}",
+            "{{\"n\":{},\"d\":{},\"reps\":{},\"fwd_s\":{},\"bwd_s\":{},\"min_bytes\":{},\"gbps\":{},\"copy_gbps\":{},\"copy_fraction\":{},\"composed_s\":{},\"speedup\":{},\"faults_per_step\":{}}}",
             self.n,
             self.d,
             self.reps,
@@ -272,7 +309,8 @@ impl Row {
             num(self.copy_gbps),
             num(self.copy_fraction),
             opt(self.composed_s),
-            opt(self.speedup)
+            opt(self.speedup),
+            opt(self.faults_per_step)
         )
     }
 }

@@ -8,7 +8,8 @@
 //! The cache holds at most [`MAX_CACHED_BYTES`] (and [`MAX_BUFFERS`]
 //! buffers) per element type, not counting up to [`SLACK_BYTES`] per buffer
 //! of alignment slack ([`Buffer`]); a buffer that does not fit evicts the
-//! oldest ones, so the cache follows the sizes in use now.
+//! oldest small ones, then the oldest large ones ([`SMALL_PART`]), so the
+//! cache follows the sizes in use now.
 
 use crate::dtype::Element;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +41,15 @@ pub const MAX_CACHED_BYTES: usize = 1 << 30;
 /// from 64 KiB are pooled, so that a step's many mid-sized tensors do not
 /// evict its large ones).
 pub const MAX_BUFFERS: usize = 64;
+/// Buffers under `1 / SMALL_PART` of the cache's limit (64 MiB by default)
+/// are evicted first, the oldest of them first; then the oldest of the
+/// rest. Faulting a small buffer in again costs little, and a training
+/// step whose buffers overrun the limit by a little should lose a little,
+/// not one of its large outputs. With the oldest first whatever the size, a
+/// 2048 x 65536 f32 step (`y` and `dx` of 512 MiB each, 17 MiB of partials
+/// and parameter gradients) evicted `dx` on every step, and its backward
+/// faulted 131072 fresh pages: 1.7 ns per element instead of 0.6.
+pub const SMALL_PART: usize = 16;
 /// The slack a [`Buffer`] takes beyond its length to start 64-byte
 /// aligned. The cache's byte limit allows it per buffer: without that, two
 /// 512 MiB outputs (`y` and `dx` of 2048 x 65536 f32) overran 1 GiB by 128
@@ -96,7 +106,10 @@ impl<T: Element> Pool<T> {
             let room = |k: usize| self.limit + SLACK_BYTES * k;
             while !g.0.is_empty() && (g.0.len() >= MAX_BUFFERS || g.1 + bytes > room(g.0.len() + 1))
             {
-                let old = g.0.remove(0);
+                let small =
+                    |v: &Vec<T>| v.len() * std::mem::size_of::<T>() < self.limit / SMALL_PART;
+                let at = g.0.iter().position(small).unwrap_or(0);
+                let old = g.0.remove(at);
                 g.1 -= old.len() * std::mem::size_of::<T>();
                 evicted.push(old);
             }
@@ -309,6 +322,34 @@ mod tests {
         let got = two();
         assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pc, pa]);
         assert_eq!(p.cached_bytes(), 0);
+    }
+
+    #[test]
+    fn small_buffers_are_evicted_before_large_ones() {
+        // Two large buffers fill the limit; a small one given between them
+        // goes when the second arrives, and both large ones stay.
+        let (small, large) = (BIG, 16 * BIG);
+        let p = Pool::<f32>::with_limit(2 * large * 4);
+        assert!(small * 4 < 2 * large * 4 / SMALL_PART);
+        let [a, s, b] = [p.take(large), p.take(small), p.take(large)];
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        p.give(a);
+        p.give(s);
+        assert_eq!(p.cached_bytes(), (large + small) * 4);
+        p.give(b);
+        assert_eq!(p.cached_bytes(), 2 * large * 4);
+        let got = [p.take(large), p.take(large)];
+        assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pb, pa]);
+        // With only large buffers left, the oldest goes first.
+        let [c, d] = got;
+        let pc = c.as_ptr();
+        p.give(c);
+        p.give(d);
+        p.give(vec![0.0f32; large]);
+        assert_eq!(p.cached_bytes(), 2 * large * 4);
+        assert!([p.take(large), p.take(large)]
+            .iter()
+            .all(|v| v.as_ptr() != pc));
     }
 
     #[test]

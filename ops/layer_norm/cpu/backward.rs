@@ -519,8 +519,8 @@ pub(crate) fn partial_rows<A: Element>(
 }
 
 /// Sums the groups' partial rows (`parts`, rows of `width`) in group order,
-/// column block by column block (in parallel for wide rows; each column's
-/// order is the same).
+/// column block by column block (in parallel for wide rows, on the kernels'
+/// team like their tasks; each column's order is the same).
 pub(crate) fn reduce_partials<A: Accum>(parts: &[A], width: usize) -> Vec<A> {
     let mut out = vec![A::zero(); width];
     const COLS: usize = 4096;
@@ -534,7 +534,7 @@ pub(crate) fn reduce_partials<A: Accum>(parts: &[A], width: usize) -> Vec<A> {
     if parts.len() <= 1 << 16 {
         out.chunks_mut(COLS).enumerate().for_each(sum_cols);
     } else {
-        out.par_chunks_mut(COLS).enumerate().for_each(sum_cols);
+        run_each(out.chunks_mut(COLS).enumerate().collect(), sum_cols);
     }
     out
 }
