@@ -43,7 +43,7 @@ pub const MAX_CACHED_BYTES: usize = 1 << 30;
 pub const MAX_BUFFERS: usize = 64;
 /// Buffers under `1 / SMALL_PART` of the cache's limit (64 MiB by default)
 /// are evicted first, the oldest of them first; then the oldest of the
-/// rest. Faulting a small buffer in again costs little, and a training
+/// rest. A small buffer that would need a large one evicted is not kept. Faulting a small buffer in again costs little, and a training
 /// step whose buffers overrun the limit by a little should lose a little,
 /// not one of its large outputs. With the oldest first whatever the size, a
 /// 2048 x 65536 f32 step (`y` and `dx` of 512 MiB each, 17 MiB of partials
@@ -104,11 +104,22 @@ impl<T: Element> Pool<T> {
         let mut evicted = Vec::new();
         if let Ok(mut g) = self.free.lock() {
             let room = |k: usize| self.limit + SLACK_BYTES * k;
+            let small = |b: usize| b < self.limit / SMALL_PART;
+            let size = |v: &Vec<T>| v.len() * std::mem::size_of::<T>();
+            if small(bytes) {
+                // A small buffer never pushes out a large one: if the small
+                // ones cached cannot make room, it is not kept.
+                let sizes = g.0.iter().map(size);
+                let (count, sum) = sizes
+                    .filter(|&b| !small(b))
+                    .fold((0, 0), |(k, s), b| (k + 1, s + b));
+                if count >= MAX_BUFFERS || sum + bytes > room(count + 1) {
+                    return;
+                }
+            }
             while !g.0.is_empty() && (g.0.len() >= MAX_BUFFERS || g.1 + bytes > room(g.0.len() + 1))
             {
-                let small =
-                    |v: &Vec<T>| v.len() * std::mem::size_of::<T>() < self.limit / SMALL_PART;
-                let at = g.0.iter().position(small).unwrap_or(0);
+                let at = g.0.iter().position(|v| small(size(v))).unwrap_or(0);
                 let old = g.0.remove(at);
                 g.1 -= old.len() * std::mem::size_of::<T>();
                 evicted.push(old);
@@ -347,9 +358,17 @@ mod tests {
         p.give(d);
         p.give(vec![0.0f32; large]);
         assert_eq!(p.cached_bytes(), 2 * large * 4);
-        assert!([p.take(large), p.take(large)]
-            .iter()
-            .all(|v| v.as_ptr() != pc));
+        let [e, f] = [p.take(large), p.take(large)];
+        assert!(e.as_ptr() != pc && f.as_ptr() != pc);
+        // A small buffer given to a cache full of large ones is dropped;
+        // the large ones stay.
+        let (pe, pf) = (e.as_ptr(), f.as_ptr());
+        p.give(e);
+        p.give(f);
+        p.give(vec![0.0f32; small]);
+        assert_eq!(p.cached_bytes(), 2 * large * 4);
+        let got = [p.take(large), p.take(large)];
+        assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pf, pe]);
     }
 
     #[test]
