@@ -12,6 +12,7 @@
 //! rounds to `T` once at the end. Bands are independent, so the result is
 //! bitwise the same for any thread count.
 
+use crate::device::cpu::run_each;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
@@ -19,7 +20,6 @@ use crate::shape::{alloc_filled, broadcast_shapes, broadcast_strides, for_each_o
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use num_traits::Zero;
-use rayon::prelude::*;
 
 const OP: &str = "matmul";
 /// Rows per register tile.
@@ -50,9 +50,8 @@ fn gemm<T: Element>(a: &[T], b: &[T], out: &mut [T], k: usize, n: usize, paralle
     }
     // Whole register tiles per band, about TASK_MACS work each.
     let band = (TASK_MACS / (k * n).max(1)).div_ceil(MR).max(1) * MR;
-    out.par_chunks_mut(band * n)
-        .zip(a.par_chunks(band * k))
-        .for_each(|(o, a)| gemm_rows(a, b, o, k, n));
+    let bands = out.chunks_mut(band * n).zip(a.chunks(band * k));
+    run_each(bands.collect(), |(o, a)| gemm_rows(a, b, o, k, n));
 }
 
 /// Serial kernel over a band of rows: `out[r, :] = sum_p a[r, p] * b[p, :]`.
@@ -186,7 +185,7 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     };
     let per = m * n;
     if oa.len() > 1 && total.saturating_mul(k) >= PAR_MIN_MACS {
-        out.par_chunks_mut(per).enumerate().for_each(run);
+        run_each(out.chunks_mut(per).enumerate().collect(), run);
     } else {
         out.chunks_mut(per).enumerate().for_each(run);
     }

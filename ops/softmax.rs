@@ -6,6 +6,7 @@
 //! with `inner`-wide work vectors, so the reads stay contiguous whatever the
 //! axis. Large tensors run the blocks in parallel.
 
+use crate::device::cpu::run_each;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
@@ -13,7 +14,6 @@ use crate::shape::normalize_axis;
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use num_traits::{Float, Zero};
-use rayon::prelude::*;
 
 /// Below this many elements the blocks run on the calling thread.
 const PAR_MIN: usize = 1 << 15;
@@ -38,9 +38,9 @@ fn per_block<T: Element>(out: &mut [T], block: usize, f: impl Fn(usize, &mut [T]
         return;
     }
     if out.len() >= PAR_MIN && out.len() > block {
-        out.par_chunks_mut(block)
-            .enumerate()
-            .for_each(|(i, o)| f(i, o));
+        run_each(out.chunks_mut(block).enumerate().collect(), |(i, o)| {
+            f(i, o)
+        });
     } else {
         out.chunks_mut(block).enumerate().for_each(|(i, o)| f(i, o));
     }

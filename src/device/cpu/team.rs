@@ -79,6 +79,7 @@ impl<'a> Job<'a> {
     /// Runs block `b`'s tasks in order, then what is left of the other
     /// blocks, each from its back.
     fn work(&self, b: usize) {
+        let outer = IN_TASK.replace(true);
         let n = self.blocks.len();
         let others = (1..n).map(|k| (b + k) % n);
         let mine = std::iter::from_fn(|| self.claim(b, true));
@@ -88,6 +89,7 @@ impl<'a> Job<'a> {
                 self.panicked.store(true, SeqCst);
             }
         }
+        IN_TASK.set(outer);
     }
 }
 
@@ -100,6 +102,14 @@ static INSIDE: AtomicUsize = AtomicUsize::new(0);
 static SLEEPING: Mutex<usize> = Mutex::new(0);
 static WAKE: Condvar = Condvar::new();
 static TEAM: AtomicBool = AtomicBool::new(true);
+
+thread_local! {
+    /// Whether this thread is running a team task. A launch from inside
+    /// one runs its tasks in place: a helper that published a nested job
+    /// would wait for `INSIDE` to drain while counted in it itself (the
+    /// outer caller may already have cleared the slot for its last tasks).
+    static IN_TASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// Turns the team on or off (process-wide; for benchmarks that measure
 /// what it is worth). Off, [`run_tasks`] hands the tasks to rayon. It
@@ -191,12 +201,12 @@ fn sleep_until_launch() {
 /// Runs `f(0)`, ..., `f(count - 1)`, each once, on this thread and the
 /// team's helpers (at most `rayon::current_num_threads()` threads in all,
 /// so a rayon pool of one thread runs them all here), and returns when all
-/// are done. If another launch holds the team, or there is one task, this
-/// thread runs them all. A panic in a task is raised here once all are
+/// are done. If another launch holds the team, this thread is running one
+/// of its tasks, or there is one task, this thread runs them all. A panic in a task is raised here once all are
 /// done.
 pub(crate) fn run_tasks(count: usize, f: &(dyn Fn(usize) + Sync)) {
     let threads = rayon::current_num_threads();
-    if count <= 1 || threads <= 1 {
+    if count <= 1 || threads <= 1 || IN_TASK.get() {
         return (0..count).for_each(f);
     }
     if !TEAM.load(SeqCst) || u32::try_from(count).is_err() {

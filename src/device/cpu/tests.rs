@@ -213,3 +213,33 @@ fn a_panicking_task_panics_the_launch_and_the_team_goes_on() {
     assert!(hit.is_err());
     assert_eq!(task_runs(8), vec![1; 8]);
 }
+
+#[test]
+fn a_launch_from_inside_a_task_runs_in_place_and_finishes() {
+    // Each outer task launches inner tasks (as a batched matmul's bands
+    // do). A helper that published a nested job after the caller had
+    // cleared the slot used to wait for itself; run on a thread with a
+    // deadline, so that a hang fails the test instead of stalling it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ok = (0..300).all(|r| {
+            let outer = 2 + r % 5;
+            let seen: Vec<AtomicUsize> = (0..outer * 7).map(|_| AtomicUsize::new(0)).collect();
+            run_tasks(outer, &|o| {
+                // Later tasks start their inner launch later, so that the
+                // caller is done with its own and has cleared the slot.
+                let t = std::time::Instant::now();
+                while t.elapsed() < std::time::Duration::from_micros(50 * o as u64) {
+                    std::hint::spin_loop();
+                }
+                run_tasks(7, &|i| {
+                    seen[o * 7 + i].fetch_add(1, Ordering::SeqCst);
+                })
+            });
+            seen.iter().all(|s| s.load(Ordering::SeqCst) == 1)
+        });
+        let _ = tx.send(ok);
+    });
+    let done = rx.recv_timeout(std::time::Duration::from_secs(60));
+    assert_eq!(done, Ok(true), "nested launches hung or lost tasks");
+}
