@@ -202,8 +202,8 @@ fn sleep_until_launch() {
 /// team's helpers (at most `rayon::current_num_threads()` threads in all,
 /// so a rayon pool of one thread runs them all here), and returns when all
 /// are done. If another launch holds the team, this thread is running one
-/// of its tasks, or there is one task, this thread runs them all. A panic in a task is raised here once all are
-/// done.
+/// of its tasks, or there is one task, this thread runs them all. A panic
+/// in a task is raised here once all are done.
 pub(crate) fn run_tasks(count: usize, f: &(dyn Fn(usize) + Sync)) {
     let threads = rayon::current_num_threads();
     if count <= 1 || threads <= 1 || IN_TASK.get() {
