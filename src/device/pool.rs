@@ -94,34 +94,34 @@ impl<T: Element> Pool<T> {
 
     /// Returns a buffer for reuse (kept only if large and the cache has room).
     pub fn give(&self, v: Vec<T>) {
-        let bytes = v.len() * std::mem::size_of::<T>();
+        let bytes = std::mem::size_of_val(v.as_slice());
         if bytes < MIN_POOLED_BYTES || v.len() != v.capacity() || !enabled() {
             return;
         }
         if bytes > self.limit + SLACK_BYTES {
             return;
         }
+        let size = |v: &Vec<T>| std::mem::size_of_val(v.as_slice());
+        let small = |b: usize| b < self.limit / SMALL_PART;
+        // Whether `v` fits beside `count` cached buffers of `sum` bytes.
+        let fits = |count: usize, sum: usize| {
+            count < MAX_BUFFERS && sum + bytes <= self.limit + SLACK_BYTES * (count + 1)
+        };
         let mut evicted = Vec::new();
         if let Ok(mut g) = self.free.lock() {
-            let room = |k: usize| self.limit + SLACK_BYTES * k;
-            let small = |b: usize| b < self.limit / SMALL_PART;
-            let size = |v: &Vec<T>| v.len() * std::mem::size_of::<T>();
             if small(bytes) {
                 // A small buffer never pushes out a large one: if the small
                 // ones cached cannot make room, it is not kept.
-                let sizes = g.0.iter().map(size);
-                let (count, sum) = sizes
-                    .filter(|&b| !small(b))
-                    .fold((0, 0), |(k, s), b| (k + 1, s + b));
-                if count >= MAX_BUFFERS || sum + bytes > room(count + 1) {
+                let large = g.0.iter().map(size).filter(|&b| !small(b));
+                let (count, sum) = large.fold((0, 0), |(k, s), b| (k + 1, s + b));
+                if !fits(count, sum) {
                     return;
                 }
             }
-            while !g.0.is_empty() && (g.0.len() >= MAX_BUFFERS || g.1 + bytes > room(g.0.len() + 1))
-            {
+            while !g.0.is_empty() && !fits(g.0.len(), g.1) {
                 let at = g.0.iter().position(|v| small(size(v))).unwrap_or(0);
                 let old = g.0.remove(at);
-                g.1 -= old.len() * std::mem::size_of::<T>();
+                g.1 -= size(&old);
                 evicted.push(old);
             }
             g.1 += bytes;

@@ -8,9 +8,9 @@
 //! sleep: two wake-ups (the worker's, then the caller's) on a virtual
 //! machine. That is 20-40% of a 0.25-0.5 ms LayerNorm call at 512 x 2048.
 //!
-//! [`run_tasks`] publishes the tasks in one slot and starts on them at
-//! once; helpers take tasks from the same counter as soon as they see the
-//! slot. A helper spins for [`SPIN`] after its last task, yields for
+//! [`run_tasks`] publishes the tasks in one slot and starts on its own
+//! block of them at once; helpers take a block each as soon as they see
+//! the slot, then what is left of the others' (see [`Job`]). A helper spins for [`SPIN`] after its last task, yields for
 //! [`YIELD`], then sleeps until the next launch wakes it. The caller never
 //! sleeps: it waits only for tasks a helper has already started. Which
 //! thread runs a task changes nothing in what the task computes, so the
