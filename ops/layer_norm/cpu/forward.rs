@@ -130,12 +130,18 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
         let (d, eps) = (self.d, self.eps);
         let xr = rows_at::<T, R>(self.x, i, d);
         let seg = R == 1 && self.seg;
-        let m = have
-            .m
-            .unwrap_or_else(|| MeanPass::<T, V, R>::new(xr).run(seg));
-        let sq = have
-            .sq
-            .unwrap_or_else(|| VarPass::<T, V, R>::new(xr, m).run(seg));
+        // `match`, not `unwrap_or_else`: the passes must inline into the
+        // SIMD build (see [`Kernel`]), and a closure is not sure to. With a
+        // larger closure here (an experiment) the forward took three times
+        // as long, whichever way the experiment's switch was set.
+        let m = match have.m {
+            Some(m) => m,
+            None => MeanPass::<T, V, R>::new(xr).run(seg),
+        };
+        let sq = match have.sq {
+            Some(sq) => sq,
+            None => VarPass::<T, V, R>::new(xr, m).run(seg),
+        };
         let r = sq.map(|q| Acc::<T>::one() / (q / count(d) + eps).sqrt());
         for s in 0..R {
             if let (Some(mo), Some(ro)) = (self.mean.get_mut(i + s), self.rstd.get_mut(i + s)) {
@@ -215,9 +221,10 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
                 ..Ahead::default()
             };
         }
-        let m_next = have
-            .m_after
-            .unwrap_or_else(|| MeanPass::<T, V, R>::new(xn).run(false));
+        let m_next = match have.m_after {
+            Some(m) => m,
+            None => MeanPass::<T, V, R>::new(xn).run(false),
+        };
         let mut var = VarPass::<T, V, R>::new(xn, m_next);
         let mut mean = MeanPass::<T, V, R>::new(rows_at::<T, R>(self.x, i + 2 * R, d));
         let m_after = if after && mean.n == var.n {
