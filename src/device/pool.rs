@@ -43,9 +43,10 @@ pub const MAX_CACHED_BYTES: usize = 1 << 30;
 pub const MAX_BUFFERS: usize = 64;
 /// Buffers under `1 / SMALL_PART` of the cache's limit (64 MiB by default)
 /// are evicted first, the oldest of them first; then the oldest of the
-/// rest. A small buffer that would need a large one evicted is not kept. Faulting a small buffer in again costs little, and a training
-/// step whose buffers overrun the limit by a little should lose a little,
-/// not one of its large outputs. With the oldest first whatever the size, a
+/// rest. A small buffer that would need a large one evicted is not kept.
+/// Faulting a small buffer in again costs little, and a training step
+/// whose buffers overrun the limit by a little should lose a little, not
+/// one of its large outputs. With the oldest first whatever the size, a
 /// 2048 x 65536 f32 step (`y` and `dx` of 512 MiB each, 17 MiB of partials
 /// and parameter gradients) evicted `dx` on every step, and its backward
 /// faulted 131072 fresh pages: 1.7 ns per element instead of 0.6.
@@ -94,14 +95,14 @@ impl<T: Element> Pool<T> {
 
     /// Returns a buffer for reuse (kept only if large and the cache has room).
     pub fn give(&self, v: Vec<T>) {
-        let bytes = std::mem::size_of_val(v.as_slice());
+        let size = |v: &Vec<T>| std::mem::size_of_val(v.as_slice());
+        let bytes = size(&v);
         if bytes < MIN_POOLED_BYTES || v.len() != v.capacity() || !enabled() {
             return;
         }
         if bytes > self.limit + SLACK_BYTES {
             return;
         }
-        let size = |v: &Vec<T>| std::mem::size_of_val(v.as_slice());
         let small = |b: usize| b < self.limit / SMALL_PART;
         // Whether `v` fits beside `count` cached buffers of `sum` bytes.
         let fits = |count: usize, sum: usize| {

@@ -10,11 +10,12 @@
 //!
 //! [`run_tasks`] publishes the tasks in one slot and starts on its own
 //! block of them at once; helpers take a block each as soon as they see
-//! the slot, then what is left of the others' (see [`Job`]). A helper spins for [`SPIN`] after its last task, yields for
-//! [`YIELD`], then sleeps until the next launch wakes it. The caller never
-//! sleeps: it waits only for tasks a helper has already started. Which
-//! thread runs a task changes nothing in what the task computes, so the
-//! kernels' results stay bitwise the same for any number of threads.
+//! the slot, then what is left of the others' (see [`Job`]). A helper
+//! spins for [`SPIN`] after its last task, yields for [`YIELD`], then
+//! sleeps until the next launch wakes it. The caller never sleeps: it
+//! waits only for tasks a helper has already started. Which thread runs a
+//! task changes nothing in what the task computes, so the kernels' results
+//! stay bitwise the same for any number of threads.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
