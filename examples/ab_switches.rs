@@ -17,7 +17,7 @@ use std::time::Instant;
 
 type Switch = (&'static str, fn(bool));
 
-const SWITCHES: [Switch; 9] = [
+const SWITCHES: [Switch; 10] = [
     ("team of threads", cpu::set_team),
     ("statistics first", cpu::set_stats_first),
     ("long forward tasks", cpu::set_long_fwd_tasks),
@@ -26,6 +26,7 @@ const SWITCHES: [Switch; 9] = [
     ("prefetch next row", cpu::set_prefetch_next),
     ("overlap passes", cpu::set_overlap),
     ("paired partials", cpu::set_paired_partials),
+    ("narrow lanes", cpu::set_narrow_lanes),
     ("streaming stores", |on| {
         cpu::set_stream_threshold(if on {
             cpu::DEFAULT_STREAM_BYTES

@@ -122,9 +122,24 @@ pub(crate) trait Kernel<T: Element> {
     type Output;
     /// Does the work in lanes of type `V`.
     fn run<V: Lanes<T>>(self) -> Self::Output;
+
+    /// Whether the work runs in 256-bit lanes (the AVX2 build) even where
+    /// AVX-512 is there (see [`narrow_lanes`]).
+    fn narrow(&self) -> bool {
+        false
+    }
 }
 
-/// Runs `k` with the lanes of [`simd`] when `T` is f32, else with
+/// The instruction set `k` runs with: [`simd`], but AVX2 where `k` asks
+/// for [`Kernel::narrow`] lanes.
+pub(crate) fn lanes_for<T: Element, K: Kernel<T>>(k: &K) -> Simd {
+    match simd() {
+        Simd::Avx512 if k.narrow() => Simd::Avx2,
+        s => s,
+    }
+}
+
+/// Runs `k` with the lanes of [`lanes_for`] when `T` is f32, else with
 /// [`Portable`] lanes.
 #[inline(always)]
 pub(crate) fn dispatch<T: Element, K: Kernel<T>>(k: K) -> K::Output {
@@ -138,8 +153,9 @@ pub(crate) fn dispatch<T: Element, K: Kernel<T>>(k: K) -> K::Output {
         fn avx512<T: Element, K: Kernel<T>>(k: K) -> K::Output {
             k.run::<x86::Avx512>()
         }
-        match simd() {
-            // SAFETY: `simd` reports only what the CPU supports.
+        match lanes_for(&k) {
+            // SAFETY: `simd` reports only what the CPU supports, and a CPU
+            // with AVX-512F has AVX2.
             Simd::Avx512 => return unsafe { avx512::<T, K>(k) },
             Simd::Avx2 => return unsafe { avx2::<T, K>(k) },
             Simd::Portable => {}
@@ -236,6 +252,11 @@ mod lanes;
 mod team;
 #[cfg(test)]
 mod tests;
+
+/// Held by the tests that flip [`set_simd_limit`] or [`set_narrow_lanes`],
+/// or that check which build a kernel ran with.
+#[cfg(test)]
+pub(crate) static SIMD_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 mod tuning;
 mod write;
 

@@ -280,6 +280,8 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     /// 2048 x 65536). Both are set once per task, not per row.
     pair: bool,
     pf_next: bool,
+    /// Whether the task runs in 256-bit lanes ([`narrow_lanes`]).
+    narrow: bool,
 }
 
 impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
@@ -310,6 +312,10 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
         }
         self.steps::<V, 1>(&mut i, n, fuse, (pg, pb));
         fence::<NT>();
+    }
+
+    fn narrow(&self) -> bool {
+        self.narrow
     }
 }
 
@@ -579,6 +585,7 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             part: part_rows.next().unwrap_or_default(),
             pair,
             pf_next,
+            narrow: narrow_lanes(row_bytes),
         })
         .collect();
     dispatch_all(jobs);

@@ -21,6 +21,8 @@ struct Fwd<'a, T: Element, const G: bool, const B: bool, const NT: bool> {
     /// [`prefetch_next`] (both read once per task, not per row).
     seg: bool,
     pf_next: bool,
+    /// Whether the task runs in 256-bit lanes ([`narrow_lanes`]).
+    narrow: bool,
 }
 
 impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, B, NT> {
@@ -61,6 +63,10 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd
             i += 1;
         }
         fence::<NT>();
+    }
+
+    fn narrow(&self) -> bool {
+        self.narrow
     }
 }
 
@@ -326,6 +332,7 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
             ahead_rows: 1,
             seg,
             pf_next,
+            narrow: narrow_lanes(row_bytes),
         })
         .collect();
     dispatch_all(jobs);

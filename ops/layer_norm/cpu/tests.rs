@@ -2,7 +2,10 @@
 
 use super::forward::{fwd_rows_per_task, FWD_TASK_STEPS};
 use super::*;
-use crate::device::cpu::{best_simd, set_simd_limit, set_stream_threshold, stream_threshold, Simd};
+use crate::device::cpu::{
+    best_simd, set_narrow_lanes, set_simd_limit, set_stream_threshold, stream_threshold, Simd,
+    SIMD_TESTS,
+};
 use crate::ops::rms_norm::cpu as rms;
 use crate::rng::Rng;
 
@@ -60,6 +63,7 @@ static SEGMENTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn every_build_and_store_kind_gives_the_same_bits() {
     let _hold = SEGMENTED.lock();
+    let _simd = SIMD_TESTS.lock();
     let mut rng = Rng::new(5);
     // Row lengths around the lane and unroll boundaries, and rows that
     // start at every alignment.
@@ -83,6 +87,14 @@ fn every_build_and_store_kind_gives_the_same_bits() {
             if limit <= best_simd() {
                 set_simd_limit(limit);
                 assert!(outputs(&x, &dy, &g, &b, d) == want, "{limit} n={n} d={d}");
+                // Rows past 64 KiB run in 256-bit lanes; the 512-bit
+                // build must give the same bits there too.
+                set_narrow_lanes(false);
+                assert!(
+                    outputs(&x, &dy, &g, &b, d) == want,
+                    "{limit} wide n={n} d={d}"
+                );
+                set_narrow_lanes(true);
             }
         }
         let old = stream_threshold();

@@ -109,6 +109,7 @@ impl Kernel<f32> for Fold<'_> {
 
 #[test]
 fn every_build_folds_in_the_same_order() {
+    let _hold = SIMD_TESTS.lock();
     // Values whose sum depends on the order of the additions.
     let x: [f32; LANES] = std::array::from_fn(|i| {
         let m = [1e8f32, 1.0, -3.5, 7e-3, 1.5e7, -1e8, 0.25, 3.0];
@@ -128,6 +129,51 @@ fn every_build_folds_in_the_same_order() {
         want, left_to_right,
         "the test values must depend on the order"
     );
+}
+
+/// Names the lanes it runs with; asks for narrow lanes if `.0`.
+struct WhichLanes(bool);
+
+impl Kernel<f32> for WhichLanes {
+    type Output = &'static str;
+    #[inline(always)]
+    fn run<V: Lanes<f32>>(self) -> &'static str {
+        std::any::type_name::<V>()
+    }
+    fn narrow(&self) -> bool {
+        self.0
+    }
+}
+
+#[test]
+fn narrow_kernels_run_in_256_bit_lanes() {
+    let _hold = SIMD_TESTS.lock();
+    let ran = |narrow| dispatch(WhichLanes(narrow));
+    if best_simd() == Simd::Avx512 {
+        set_simd_limit(Simd::Avx512);
+        assert!(ran(false).ends_with("Avx512"), "{}", ran(false));
+        assert!(ran(true).ends_with("Avx2"), "{}", ran(true));
+        assert_eq!(lanes_for(&WhichLanes(true)), Simd::Avx2);
+        assert_eq!(lanes_for(&WhichLanes(false)), Simd::Avx512);
+    }
+    if best_simd() >= Simd::Avx2 {
+        set_simd_limit(Simd::Avx2);
+        assert!(ran(true).ends_with("Avx2"), "{}", ran(true));
+    }
+    set_simd_limit(Simd::Portable);
+    assert!(ran(true).contains("Portable"), "{}", ran(true));
+    set_simd_limit(Simd::Avx512);
+}
+
+#[test]
+fn only_rows_past_64_kib_take_narrow_lanes() {
+    let _hold = SIMD_TESTS.lock();
+    for (bytes, want) in [(4096, false), (64 << 10, false), ((64 << 10) + 4, true)] {
+        assert_eq!(narrow_lanes(bytes), want, "{bytes} bytes");
+    }
+    set_narrow_lanes(false);
+    assert!(!narrow_lanes(1 << 20));
+    set_narrow_lanes(true);
 }
 
 #[test]
