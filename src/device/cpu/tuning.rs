@@ -201,12 +201,13 @@ static NARROW: AtomicBool = AtomicBool::new(true);
 /// (the AVX2 build) on a CPU with AVX-512: for rows past
 /// [`STEP_ROW_BYTES`] (unless turned off by [`set_narrow_lanes`]). Every
 /// build gives the same bits. Measured here, fwd+bwd time in 256-bit lanes
-/// over 512-bit (`ab_switches`, 15-21 reps, interleaved): 0.85-0.92 at
-/// 2048 x 65536 (backward 0.81-0.90), 0.93-0.96 at 4096 x 32768, 0.87 at
-/// 512 x 65536, 0.95 at 1024 x 131072; but 1.06 at 256 x 65536. At rows of
-/// 64 KiB and less the figures went both ways (0.90-1.04 at 8192 x 4096,
-/// 1.06 at 1024 x 16384, 1.12 at 2048 x 8192) and lost at short rows
-/// (1.13-1.32 at 128-1024 wide), so those keep 512-bit lanes.
+/// over 512-bit (`ab_switches`, 15-21 reps, interleaved): at 2048 x 65536
+/// a median of 0.95 over 14 runs (0.84-1.02; the backward gains most),
+/// 0.93-0.96 at 4096 x 32768, 0.87 at 512 x 65536, 0.95 at 1024 x 131072,
+/// but 1.06 at 256 x 65536. At rows of 64 KiB and less the figures went
+/// both ways (0.90-1.04 at 8192 x 4096, 1.06 at 1024 x 16384, 1.12 at
+/// 2048 x 8192) and lost at shorter rows (1.08-1.32 at 128-2048 wide), so
+/// those keep 512-bit lanes.
 pub fn narrow_lanes(row_bytes: usize) -> bool {
     NARROW.load(Ordering::Relaxed) && row_bytes > *STEP_ROW_BYTES.end()
 }
