@@ -252,13 +252,13 @@ mod lanes;
 mod team;
 #[cfg(test)]
 mod tests;
+mod tuning;
+mod write;
 
 /// Held by the tests that flip [`set_simd_limit`] or [`set_narrow_lanes`],
 /// or that check which build a kernel ran with.
 #[cfg(test)]
 pub(crate) static SIMD_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-mod tuning;
-mod write;
 
 #[cfg(target_arch = "x86_64")]
 use lanes::x86;

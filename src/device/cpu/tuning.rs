@@ -203,7 +203,7 @@ static NARROW: AtomicBool = AtomicBool::new(true);
 /// build gives the same bits. Measured here, fwd+bwd time in 256-bit lanes
 /// over 512-bit (`ab_switches`, 15-21 reps, interleaved): at 2048 x 65536
 /// a median of 0.95 over 14 runs (0.84-1.02; the backward gains most),
-/// 0.93-0.96 at 4096 x 32768, 0.87 at 512 x 65536, 0.95 at 1024 x 131072,
+/// 0.93-1.00 at 4096 x 32768, 0.87 at 512 x 65536, 0.95 at 1024 x 131072,
 /// but 1.06 at 256 x 65536. At rows of 64 KiB and less the figures went
 /// both ways (0.90-1.04 at 8192 x 4096, 1.06 at 1024 x 16384, 1.12 at
 /// 2048 x 8192) and lost at shorter rows (1.08-1.32 at 128-2048 wide), so
