@@ -280,8 +280,6 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     /// 2048 x 65536). Both are set once per task, not per row.
     pair: bool,
     pf_next: bool,
-    /// Whether the task runs in 256-bit lanes ([`narrow_lanes`]).
-    narrow: bool,
 }
 
 impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
@@ -314,8 +312,9 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
         fence::<NT>();
     }
 
+    /// Rows past 64 KiB run in 256-bit lanes ([`narrow_lanes`]).
     fn narrow(&self) -> bool {
-        self.narrow
+        narrow_lanes(self.d * std::mem::size_of::<T>())
     }
 }
 
@@ -585,7 +584,6 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             part: part_rows.next().unwrap_or_default(),
             pair,
             pf_next,
-            narrow: narrow_lanes(row_bytes),
         })
         .collect();
     dispatch_all(jobs);

@@ -21,8 +21,6 @@ struct Fwd<'a, T: Element, const G: bool, const B: bool, const NT: bool> {
     /// [`prefetch_next`] (both read once per task, not per row).
     seg: bool,
     pf_next: bool,
-    /// Whether the task runs in 256-bit lanes ([`narrow_lanes`]).
-    narrow: bool,
 }
 
 impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, B, NT> {
@@ -65,8 +63,9 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd
         fence::<NT>();
     }
 
+    /// Rows past 64 KiB run in 256-bit lanes ([`narrow_lanes`]).
     fn narrow(&self) -> bool {
-        self.narrow
+        narrow_lanes(self.d * std::mem::size_of::<T>())
     }
 }
 
@@ -332,7 +331,6 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
             ahead_rows: 1,
             seg,
             pf_next,
-            narrow: narrow_lanes(row_bytes),
         })
         .collect();
     dispatch_all(jobs);
