@@ -2,6 +2,9 @@
 //! and streamed stores as the LayerNorm passes, with almost no arithmetic,
 //! timed against a streamed copy in the same run (2 threads, half the rows
 //! each). Shows how close to the copy rate each structure can get at all.
+//! The last two patterns are the kernels for rows in lockstep (16-64 KiB)
+//! as built, with their arithmetic and prefetches but without the tails,
+//! the tasks and the saved statistics, and the fwd+bwd rate they imply.
 //!
 //! `cargo run --release --example memory_ceiling -- [--reps K] [N D ...]`
 //! (AVX-512 only; elsewhere it says so and stops).
@@ -120,6 +123,140 @@ mod pat {
         _mm_sfence();
         _mm512_reduce_add_ps(_mm512_add_ps(m, q))
     }
+
+    /// The backward for rows in lockstep as built: `R` rows at a time (four
+    /// up to 16 KiB rows, else two, as `bwd_rows_in_step`); for each chunk,
+    /// pass A of the next `R` rows (from memory, prefetched 4 KiB ahead as
+    /// `prefetch` does), then pass B of these rows (from cache, `dx`
+    /// streamed); one read-modify-write of the partials per `R` rows. The
+    /// kernel's operations, without FMA as in the kernel: pass A `xh = (x -
+    /// m) r`, `g = dy gamma`, four accumulators per row sum, `pg += dy xh`,
+    /// `pb += dy`; pass B `dx = r ((g - mg) - xh mgx)`. `gamma` is the
+    /// first row of `b`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn bwd_step(a: &[f32], b: &[f32], c: &mut [f32], d: usize) -> f32 {
+        if d * 4 > 16 << 10 {
+            bwd_rows::<2>(a, b, c, d)
+        } else {
+            bwd_rows::<4>(a, b, c, d)
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bwd_rows<const R: usize>(a: &[f32], b: &[f32], c: &mut [f32], d: usize) -> f32 {
+        const U: usize = 4;
+        let z = _mm512_setzero_ps();
+        let (mut s1, mut s2) = ([[z; U]; R], [[z; U]; R]);
+        let mut part = vec![0f32; 2 * d];
+        let (pg, pb) = part.split_at_mut(d);
+        let (pg, pb) = (pg.as_mut_ptr(), pb.as_mut_ptr());
+        let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        let (m, r, k) = (
+            _mm512_set1_ps(0.5),
+            _mm512_set1_ps(1.25),
+            _mm512_set1_ps(0.1),
+        );
+        let steps = c.len() / d / R;
+        for t in 0..steps {
+            let (o, next) = (t * R * d, t + 1 < steps);
+            let mut i = 0;
+            while i + 16 <= d {
+                let j = i / 16 % U;
+                let gam = _mm512_loadu_ps(bp.add(i));
+                let (mut pgv, mut pbv) = (_mm512_loadu_ps(pg.add(i)), _mm512_loadu_ps(pb.add(i)));
+                for s in 0..R {
+                    let q = o + (R + s) * d + i;
+                    if !next {
+                        break;
+                    }
+                    _mm_prefetch::<_MM_HINT_T0>(ap.add(q).cast::<i8>().add(4096 / R));
+                    _mm_prefetch::<_MM_HINT_T0>(bp.add(q).cast::<i8>().add(4096 / R));
+                    let (x, dy) = (_mm512_loadu_ps(ap.add(q)), _mm512_loadu_ps(bp.add(q)));
+                    let xh = _mm512_mul_ps(_mm512_sub_ps(x, m), r);
+                    let g = _mm512_mul_ps(dy, gam);
+                    s1[s][j] = _mm512_add_ps(s1[s][j], g);
+                    s2[s][j] = _mm512_add_ps(s2[s][j], _mm512_mul_ps(g, xh));
+                    pgv = _mm512_add_ps(pgv, _mm512_mul_ps(dy, xh));
+                    pbv = _mm512_add_ps(pbv, dy);
+                }
+                _mm512_storeu_ps(pg.add(i), pgv);
+                _mm512_storeu_ps(pb.add(i), pbv);
+                for s in 0..R {
+                    let q = o + s * d + i;
+                    let (x, dy) = (_mm512_loadu_ps(ap.add(q)), _mm512_loadu_ps(bp.add(q)));
+                    let xh = _mm512_mul_ps(_mm512_sub_ps(x, m), r);
+                    let g = _mm512_mul_ps(dy, _mm512_loadu_ps(bp.add(i)));
+                    let v =
+                        _mm512_mul_ps(r, _mm512_sub_ps(_mm512_sub_ps(g, k), _mm512_mul_ps(xh, k)));
+                    _mm512_stream_ps(cp.add(q), v);
+                }
+                i += 16;
+            }
+        }
+        _mm_sfence();
+        let mut t = z;
+        for s in 0..R {
+            for u in 0..U {
+                t = _mm512_add_ps(t, _mm512_add_ps(s1[s][u], s2[s][u]));
+            }
+        }
+        _mm512_reduce_add_ps(t)
+    }
+
+    /// The forward for rows in lockstep, four at a time, as built: the
+    /// variance pass of these rows on its own (from cache), then their
+    /// output pass `y = (x - m) r gamma + beta` (streamed) with the next
+    /// rows' mean pass (from memory, prefetched) in the same loop; four
+    /// accumulators per row sum. `gamma` and `beta` are rows of `b`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fwd_step(a: &[f32], b: &[f32], c: &mut [f32], d: usize) -> f32 {
+        const R: usize = 4;
+        const U: usize = 4;
+        let z = _mm512_setzero_ps();
+        let (mut sm, mut sq) = ([[z; U]; R], [[z; U]; R]);
+        let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        let (m, r) = (_mm512_set1_ps(0.5), _mm512_set1_ps(1.25));
+        let steps = c.len() / d / R;
+        for t in 0..steps {
+            let (o, next) = (t * R * d, t + 1 < steps);
+            let mut i = 0;
+            while i + 16 <= d {
+                let j = i / 16 % U;
+                for (s, q) in sq.iter_mut().enumerate() {
+                    let e = _mm512_sub_ps(_mm512_loadu_ps(ap.add(o + s * d + i)), m);
+                    q[j] = _mm512_add_ps(q[j], _mm512_mul_ps(e, e));
+                }
+                i += 16;
+            }
+            i = 0;
+            while i + 16 <= d {
+                let j = i / 16 % U;
+                for (s, acc) in sm.iter_mut().enumerate() {
+                    let q = o + (R + s) * d + i;
+                    if !next {
+                        break;
+                    }
+                    _mm_prefetch::<_MM_HINT_T0>(ap.add(q).cast::<i8>().add(4096 / R));
+                    acc[j] = _mm512_add_ps(acc[j], _mm512_sub_ps(_mm512_loadu_ps(ap.add(q)), m));
+                }
+                let (g, be) = (_mm512_loadu_ps(bp.add(i)), _mm512_loadu_ps(bp.add(d + i)));
+                for s in 0..R {
+                    let q = o + s * d + i;
+                    let xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(ap.add(q)), m), r);
+                    _mm512_stream_ps(cp.add(q), _mm512_add_ps(_mm512_mul_ps(xh, g), be));
+                }
+                i += 16;
+            }
+        }
+        _mm_sfence();
+        let mut t = z;
+        for s in 0..R {
+            for u in 0..U {
+                t = _mm512_add_ps(t, _mm512_add_ps(sm[s][u], sq[s][u]));
+            }
+        }
+        _mm512_reduce_add_ps(t)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -129,7 +266,7 @@ fn main() {
         return;
     }
     type Pattern = unsafe fn(&[f32], &[f32], &mut [f32], usize) -> f32;
-    let pats: [(&str, f64, Pattern); 7] = [
+    let pats: [(&str, f64, Pattern); 9] = [
         ("copy (1 read, 1 streamed write)", 8.0, pat::copy),
         ("triad: backward traffic, 1 pass", 12.0, pat::triad),
         ("backward, joined passes", 12.0, pat::bwd::<true, false>),
@@ -137,6 +274,8 @@ fn main() {
         ("backward, apart + partials", 12.0, pat::bwd::<false, true>),
         ("forward, variance pass apart", 8.0, pat::fwd::<false>),
         ("forward, one joined loop", 8.0, pat::fwd::<true>),
+        ("backward as built (rows in step)", 12.0, pat::bwd_step),
+        ("forward as built (rows in step)", 8.0, pat::fwd_step),
     ];
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut reps = 11;
@@ -151,7 +290,8 @@ fn main() {
         vec![(16384, 1024), (8192, 4096), (2048, 65536)]
     };
     for (n, d) in shapes {
-        let (n, d) = (n / 2 * 2, d / 16 * 16);
+        // Whole steps of four rows in each half.
+        let (n, d) = (n / 8 * 8, d / 16 * 16);
         let numel = n * d;
         let (a, b) = (vec![1.0f32; numel], vec![2.0f32; numel]);
         // Streamed stores need 64-byte alignment; each half starts on one.
@@ -186,6 +326,14 @@ fn main() {
             let r = med(&rates[k]);
             println!("  {name:<34} {r:6.1} GB/s  {:.2} of copy", r / copy);
         }
+        // Fwd+bwd moves 8 + 12 bytes per element: its rate is the
+        // time-weighted mean of the two.
+        let (f, b) = (med(&rates[8]) / copy, med(&rates[7]) / copy);
+        println!(
+            "  {:<34} {:>14.2} of copy",
+            "fwd+bwd as built (rows in step)",
+            20.0 / (8.0 / f + 12.0 / b)
+        );
     }
 }
 
