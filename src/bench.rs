@@ -19,6 +19,7 @@
 //! `dy` and `dx` together do not).
 
 use crate::device::cpu;
+use crate::dtype::Element;
 use crate::error::Result;
 use crate::rng::Rng;
 use crate::tape::{Tape, Var};
@@ -167,6 +168,11 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
             msg: format!("empty shape {n} x {d}"),
         });
     }
+    // Each shape starts from an empty buffer pool, as in a fresh process:
+    // the previous shape's buffers (its composed twin's, up to the pool's
+    // 1 GiB) would otherwise be in the cache until they go stale
+    // (`pool::STALE_TAKES`), and the first steps here would fault.
+    <f32 as Element>::pool().clear();
     let mut rng = Rng::new(42);
     // Inputs as `from_slice` and the LayerNorm and elementwise outputs
     // hand them on: 64-byte aligned. A vector kept by `Tensor::from_vec` starts

@@ -8,7 +8,8 @@
 //! The cache holds at most [`MAX_CACHED_BYTES`] (and [`MAX_BUFFERS`]
 //! buffers) per element type, not counting up to [`SLACK_BYTES`] per buffer
 //! of alignment slack ([`Buffer`]); a buffer that does not fit evicts the
-//! oldest small ones, then the oldest large ones ([`SMALL_PART`]), so the
+//! oldest small ones, then the oldest large ones that are no longer in use
+//! ([`STALE_TAKES`]), then the oldest large ones ([`SMALL_PART`]), so the
 //! cache follows the sizes in use now.
 
 use crate::dtype::Element;
@@ -43,7 +44,8 @@ pub const MAX_CACHED_BYTES: usize = 1 << 30;
 pub const MAX_BUFFERS: usize = 64;
 /// Buffers under `1 / SMALL_PART` of the cache's limit (64 MiB by default)
 /// are evicted first, the oldest of them first; then the oldest of the
-/// rest. A small buffer that would need a large one evicted is not kept.
+/// rest ([`STALE_TAKES`] first). A small buffer that would need a large
+/// one in use evicted is not kept.
 /// Faulting a small buffer in again costs little, and a training step
 /// whose buffers overrun the limit by a little should lose a little, not
 /// one of its large outputs. With the oldest first whatever the size, a
@@ -51,6 +53,15 @@ pub const MAX_BUFFERS: usize = 64;
 /// and parameter gradients) evicted `dx` on every step, and its backward
 /// faulted 131072 fresh pages: 1.7 ns per element instead of 0.6.
 pub const SMALL_PART: usize = 16;
+/// A cached buffer is stale once this many requests for pooled buffers
+/// have passed since it was given back or its length last asked for
+/// (twice what the cache can hold: a step that uses a buffer asks for it
+/// again well within that). A small buffer may evict a stale large one.
+/// Without that, the large buffers of a finished workload stayed for
+/// good: after the composed LayerNorm at 1024 x 16384 had filled the
+/// cache with 64 MiB buffers, the fused 512 x 2048 step (4 MiB `y` and
+/// `dx`) faulted 2016 pages on every step and ran 6 times as long.
+pub const STALE_TAKES: u64 = 2 * MAX_BUFFERS as u64;
 /// The slack a [`Buffer`] takes beyond its length to start 64-byte
 /// aligned. The cache's byte limit allows it per buffer: without that, two
 /// 512 MiB outputs (`y` and `dx` of 2048 x 65536 f32) overran 1 GiB by 128
@@ -58,9 +69,18 @@ pub const SMALL_PART: usize = 16;
 /// again.
 pub const SLACK_BYTES: usize = 64;
 
+/// The cached buffers, oldest first, each with the request count at which
+/// it was given back or its length last asked for; their bytes; and the
+/// number of requests for pooled buffers so far.
+struct Free<T> {
+    bufs: Vec<(Vec<T>, u64)>,
+    bytes: usize,
+    takes: u64,
+}
+
 /// Free buffers of one element type.
 pub struct Pool<T> {
-    free: Mutex<(Vec<Vec<T>>, usize)>,
+    free: Mutex<Free<T>>,
     limit: usize,
 }
 
@@ -73,7 +93,11 @@ impl<T: Element> Pool<T> {
     /// An empty pool that caches up to `limit` bytes.
     pub const fn with_limit(limit: usize) -> Self {
         Pool {
-            free: Mutex::new((Vec::new(), 0)),
+            free: Mutex::new(Free {
+                bufs: Vec::new(),
+                bytes: 0,
+                takes: 0,
+            }),
             limit,
         }
     }
@@ -83,9 +107,16 @@ impl<T: Element> Pool<T> {
     pub fn take(&self, n: usize) -> Vec<T> {
         if n * std::mem::size_of::<T>() >= MIN_POOLED_BYTES && enabled() {
             if let Ok(mut g) = self.free.lock() {
-                if let Some(i) = g.0.iter().rposition(|v| v.len() == n) {
-                    let v = g.0.remove(i);
-                    g.1 -= n * std::mem::size_of::<T>();
+                g.takes += 1;
+                let now = g.takes;
+                for (v, at) in g.bufs.iter_mut() {
+                    if v.len() == n {
+                        *at = now;
+                    }
+                }
+                if let Some(i) = g.bufs.iter().rposition(|(v, _)| v.len() == n) {
+                    let (v, _) = g.bufs.remove(i);
+                    g.bytes -= n * std::mem::size_of::<T>();
                     return v;
                 }
             }
@@ -110,23 +141,31 @@ impl<T: Element> Pool<T> {
         };
         let mut evicted = Vec::new();
         if let Ok(mut g) = self.free.lock() {
+            let now = g.takes;
+            let stale = |at: u64| now - at > STALE_TAKES;
             if small(bytes) {
-                // A small buffer never pushes out a large one: if the small
-                // ones cached cannot make room, it is not kept.
-                let large = g.0.iter().map(size).filter(|&b| !small(b));
-                let (count, sum) = large.fold((0, 0), |(k, s), b| (k + 1, s + b));
+                // A small buffer never pushes out a large one in use: if
+                // the small and stale ones cannot make room, it is not kept.
+                let large = g
+                    .bufs
+                    .iter()
+                    .filter(|(v, at)| !small(size(v)) && !stale(*at));
+                let (count, sum) = large.fold((0, 0), |(k, s), (v, _)| (k + 1, s + size(v)));
                 if !fits(count, sum) {
                     return;
                 }
             }
-            while !g.0.is_empty() && !fits(g.0.len(), g.1) {
-                let at = g.0.iter().position(|v| small(size(v))).unwrap_or(0);
-                let old = g.0.remove(at);
-                g.1 -= size(&old);
+            while !g.bufs.is_empty() && !fits(g.bufs.len(), g.bytes) {
+                let b = &g.bufs;
+                let at = (b.iter().position(|(v, _)| small(size(v))))
+                    .or_else(|| b.iter().position(|(_, at)| stale(*at)))
+                    .unwrap_or(0);
+                let (old, _) = g.bufs.remove(at);
+                g.bytes -= size(&old);
                 evicted.push(old);
             }
-            g.1 += bytes;
-            g.0.push(v);
+            g.bytes += bytes;
+            g.bufs.push((v, now));
         }
         // Evicted buffers are freed here, outside the lock.
         drop(evicted);
@@ -134,13 +173,14 @@ impl<T: Element> Pool<T> {
 
     /// Bytes currently cached.
     pub fn cached_bytes(&self) -> usize {
-        self.free.lock().map(|g| g.1).unwrap_or(0)
+        self.free.lock().map(|g| g.bytes).unwrap_or(0)
     }
 
     /// Frees every cached buffer.
     pub fn clear(&self) {
         if let Ok(mut g) = self.free.lock() {
-            *g = (Vec::new(), 0);
+            g.bufs.clear();
+            g.bytes = 0;
         }
     }
 }
@@ -370,6 +410,69 @@ mod tests {
         assert_eq!(p.cached_bytes(), 2 * large * 4);
         let got = [p.take(large), p.take(large)];
         assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pf, pe]);
+    }
+
+    #[test]
+    fn a_stale_large_buffer_makes_room_for_small_ones() {
+        // Two large buffers of a finished workload fill the cache. A small
+        // buffer asked for and given back again and again is dropped while
+        // they are in use, and kept once they are stale, by evicting the
+        // oldest of them.
+        let (small, large) = (BIG, 16 * BIG);
+        let p = Pool::<f32>::with_limit(2 * large * 4);
+        let [a, b] = [p.take(large), p.take(large)];
+        let pb = b.as_ptr();
+        p.give(a);
+        p.give(b);
+        let mut kept_after = None;
+        for k in 1..=2 * STALE_TAKES {
+            let s = p.take(small);
+            p.give(s);
+            if p.cached_bytes() == (large + small) * 4 {
+                kept_after.get_or_insert(k);
+            } else {
+                assert!(kept_after.is_none(), "dropped again at request {k}");
+                assert_eq!(p.cached_bytes(), 2 * large * 4, "request {k}");
+            }
+        }
+        // Stale after STALE_TAKES requests; the first small buffer given
+        // back after that is kept.
+        assert_eq!(kept_after, Some(STALE_TAKES + 1));
+        let s = p.take(small);
+        let ps = s.as_ptr();
+        p.give(s);
+        let (s, l) = (p.take(small), p.take(large));
+        assert_eq!(s.as_ptr(), ps, "the small buffer is reused");
+        // The newer large buffer stayed.
+        assert_eq!(l.as_ptr(), pb);
+    }
+
+    #[test]
+    fn large_buffers_in_use_outlast_small_requests() {
+        // Each step takes two large buffers that fill the cache and gives
+        // them back; between steps come small requests, fewer than
+        // STALE_TAKES. The small buffers are given back while the large
+        // ones are cached, and never push them out.
+        let (small, large) = (BIG, 16 * BIG);
+        let p = Pool::<f32>::with_limit(2 * large * 4);
+        let [a, b] = [p.take(large), p.take(large)];
+        let mut want = [a.as_ptr(), b.as_ptr()];
+        want.sort();
+        p.give(a);
+        p.give(b);
+        for step in 0..8 {
+            let [a, b] = [p.take(large), p.take(large)];
+            let mut got = [a.as_ptr(), b.as_ptr()];
+            got.sort();
+            assert_eq!(got, want, "step {step}");
+            p.give(a);
+            p.give(b);
+            for _ in 0..STALE_TAKES - 2 {
+                let s = p.take(small);
+                p.give(s);
+            }
+            assert_eq!(p.cached_bytes(), 2 * large * 4, "step {step}");
+        }
     }
 
     #[test]
