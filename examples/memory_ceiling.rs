@@ -194,13 +194,7 @@ mod pat {
             }
         }
         _mm_sfence();
-        let mut t = z;
-        for s in 0..R {
-            for u in 0..U {
-                t = _mm512_add_ps(t, _mm512_add_ps(s1[s][u], s2[s][u]));
-            }
-        }
-        _mm512_reduce_add_ps(t)
+        total(&s1, &s2)
     }
 
     /// The forward for rows in lockstep, four at a time, as built: the
@@ -219,18 +213,15 @@ mod pat {
         let steps = c.len() / d / R;
         for t in 0..steps {
             let (o, next) = (t * R * d, t + 1 < steps);
-            let mut i = 0;
-            while i + 16 <= d {
-                let j = i / 16 % U;
+            // The variance pass, then the output pass with the next mean pass.
+            for (k, i) in (0..d / 16 * 16).step_by(16).enumerate() {
                 for (s, q) in sq.iter_mut().enumerate() {
                     let e = _mm512_sub_ps(_mm512_loadu_ps(ap.add(o + s * d + i)), m);
-                    q[j] = _mm512_add_ps(q[j], _mm512_mul_ps(e, e));
+                    q[k % U] = _mm512_add_ps(q[k % U], _mm512_mul_ps(e, e));
                 }
-                i += 16;
             }
-            i = 0;
-            while i + 16 <= d {
-                let j = i / 16 % U;
+            for (k, i) in (0..d / 16 * 16).step_by(16).enumerate() {
+                let j = k % U;
                 for (s, acc) in sm.iter_mut().enumerate() {
                     let q = o + (R + s) * d + i;
                     if !next {
@@ -245,15 +236,19 @@ mod pat {
                     let xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(ap.add(q)), m), r);
                     _mm512_stream_ps(cp.add(q), _mm512_add_ps(_mm512_mul_ps(xh, g), be));
                 }
-                i += 16;
             }
         }
         _mm_sfence();
-        let mut t = z;
-        for s in 0..R {
-            for u in 0..U {
-                t = _mm512_add_ps(t, _mm512_add_ps(sm[s][u], sq[s][u]));
-            }
+        total(&sm, &sq)
+    }
+
+    /// The sum of every lane of two rows' worth of accumulators (returned
+    /// so that the loops are not optimized away).
+    #[target_feature(enable = "avx512f")]
+    fn total<const R: usize, const U: usize>(a: &[[__m512; U]; R], b: &[[__m512; U]; R]) -> f32 {
+        let mut t = _mm512_setzero_ps();
+        for (a, b) in a.iter().flatten().zip(b.iter().flatten()) {
+            t = _mm512_add_ps(t, _mm512_add_ps(*a, *b));
         }
         _mm512_reduce_add_ps(t)
     }
