@@ -44,8 +44,8 @@ pub const MAX_CACHED_BYTES: usize = 1 << 30;
 pub const MAX_BUFFERS: usize = 64;
 /// Buffers under `1 / SMALL_PART` of the cache's limit (64 MiB by default)
 /// are evicted first, the oldest of them first; then the oldest of the
-/// rest ([`STALE_TAKES`] first). A small buffer that would need a large
-/// one in use evicted is not kept.
+/// rest ([`STALE_TAKES`] first). A small buffer that could fit only by
+/// evicting a large one still in use is not kept.
 /// Faulting a small buffer in again costs little, and a training step
 /// whose buffers overrun the limit by a little should lose a little, not
 /// one of its large outputs. With the oldest first whatever the size, a
@@ -416,8 +416,8 @@ mod tests {
     fn a_stale_large_buffer_makes_room_for_small_ones() {
         // Two large buffers of a finished workload fill the cache. A small
         // buffer asked for and given back again and again is dropped while
-        // they are in use, and kept once they are stale, by evicting the
-        // oldest of them.
+        // they count as in use, and kept once they are stale, by evicting
+        // the oldest of them.
         let (small, large) = (BIG, 16 * BIG);
         let p = Pool::<f32>::with_limit(2 * large * 4);
         let [a, b] = [p.take(large), p.take(large)];
