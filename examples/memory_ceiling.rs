@@ -135,7 +135,7 @@ mod pat {
     /// first row of `b`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn bwd_step(a: &[f32], b: &[f32], c: &mut [f32], d: usize) -> f32 {
-        if d * 4 > 16 << 10 {
+        if d * 4 > *fusegrad::device::cpu::STEP_ROW_BYTES.start() {
             bwd_rows::<2>(a, b, c, d)
         } else {
             bwd_rows::<4>(a, b, c, d)
