@@ -9,6 +9,10 @@
 //! cargo run --release --example ab_switches -- [--reps R] [--shape NxD]...
 //!     [--switch NAME]   # only the switches whose name contains NAME
 //! ```
+//!
+//! "AMD profile" compares the two CPU profiles' defaults (on: AMD's, off:
+//! Intel's); every switch goes back to the detected profile's default
+//! after its turn.
 use fusegrad::device::cpu;
 use fusegrad::ops;
 use fusegrad::tape::Tape;
@@ -17,7 +21,7 @@ use std::time::Instant;
 
 type Switch = (&'static str, fn(bool));
 
-const SWITCHES: [Switch; 10] = [
+const SWITCHES: [Switch; 11] = [
     ("team of threads", cpu::set_team),
     ("statistics first", cpu::set_stats_first),
     ("long forward tasks", cpu::set_long_fwd_tasks),
@@ -27,6 +31,13 @@ const SWITCHES: [Switch; 10] = [
     ("overlap passes", cpu::set_overlap),
     ("paired partials", cpu::set_paired_partials),
     ("narrow lanes", cpu::set_narrow_lanes),
+    ("AMD profile", |on| {
+        cpu::set_profile(if on {
+            cpu::Profile::Amd
+        } else {
+            cpu::Profile::Intel
+        })
+    }),
     ("streaming stores", |on| {
         cpu::set_stream_threshold(if on {
             cpu::DEFAULT_STREAM_BYTES
@@ -102,6 +113,8 @@ fn main() -> fusegrad::Result<()> {
                 }
             }
             set(true);
+            cpu::reset_switches();
+            cpu::set_profile(cpu::Profile::for_vendor(&cpu::cpu_vendor()));
             let m: [[f64; 3]; 2] =
                 std::array::from_fn(|o| std::array::from_fn(|k| median(t[o][k].clone())));
             println!(

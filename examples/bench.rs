@@ -3,7 +3,7 @@
 //! ```sh
 //! cargo run --release --example bench -- [--json] [--budget S] [--no-composed]
 //!     [--shape NxD]... [--stream-bytes B] [--no-pool] [--one-row] [--no-runs]
-//!     [--no-ahead]
+//!     [--no-ahead] [--portable | --avx2] [--profile intel|amd]
 //! ```
 //!
 //! `--stream-bytes` sets the output size from which f32 kernels use
@@ -12,7 +12,8 @@
 //! of four rows in lockstep, `--no-runs` walks long rows front to back,
 //! `--no-ahead` stops prefetching the next row (see `examples/ab_switches.rs`
 //! for the same switches timed side by side), `--portable`/`--avx2` cap the
-//! SIMD build, to measure what each is worth.
+//! SIMD build, and `--profile` picks a CPU profile's speed defaults instead
+//! of the detected one, to measure what each is worth.
 use fusegrad::{bench, device};
 
 fn main() -> fusegrad::Result<()> {
@@ -30,6 +31,14 @@ fn main() -> fusegrad::Result<()> {
             "--no-ahead" => device::cpu::set_prefetch_next(false),
             "--portable" => device::cpu::set_simd_limit(device::cpu::Simd::Portable),
             "--avx2" => device::cpu::set_simd_limit(device::cpu::Simd::Avx2),
+            "--profile" => match it.next().map(String::as_str) {
+                Some("intel") => device::cpu::set_profile(device::cpu::Profile::Intel),
+                Some("amd") => device::cpu::set_profile(device::cpu::Profile::Amd),
+                v => {
+                    eprintln!("bad --profile {v:?}, want intel or amd");
+                    std::process::exit(2);
+                }
+            },
             "--budget" => budget = it.next().and_then(|v| v.parse().ok()).unwrap_or(budget),
             "--stream-bytes" => {
                 let v = it.next().map(String::as_str).unwrap_or("max");

@@ -124,8 +124,9 @@ mod pat {
         _mm512_reduce_add_ps(_mm512_add_ps(m, q))
     }
 
-    /// The backward for rows in lockstep as built: `R` rows at a time (four
-    /// up to 16 KiB rows, else two, as `bwd_rows_in_step`); for each chunk,
+    /// The backward for rows in lockstep as built for the Intel profile
+    /// (whose backward overlaps its passes): `R` rows at a time (four up to
+    /// 16 KiB rows, else two, as `bwd_rows_in_step` there); for each chunk,
     /// pass A of the next `R` rows (from memory, prefetched 4 KiB ahead as
     /// `prefetch` does), then pass B of these rows (from cache, `dx`
     /// streamed); one read-modify-write of the partials per `R` rows. The
@@ -135,7 +136,7 @@ mod pat {
     /// first row of `b`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn bwd_step(a: &[f32], b: &[f32], c: &mut [f32], d: usize) -> f32 {
-        if d * 4 > *fusegrad::device::cpu::STEP_ROW_BYTES.start() {
+        if fusegrad::device::cpu::Profile::Intel.backward_pairs(d * 4) {
             bwd_rows::<2>(a, b, c, d)
         } else {
             bwd_rows::<4>(a, b, c, d)

@@ -350,6 +350,8 @@ pub struct Report {
     pub threads: usize,
     /// The instruction set the f32 kernels ran with.
     pub simd: crate::device::cpu::Simd,
+    /// The CPU profile whose speed defaults the kernels ran with.
+    pub profile: crate::device::cpu::Profile,
     /// Outputs of at least this many bytes were written with streaming stores.
     pub stream_bytes: usize,
     /// One row per shape, in the order asked for.
@@ -372,6 +374,7 @@ pub fn run(shapes: &[(usize, usize)], budget_s: f64, composed: bool) -> Result<R
     Ok(Report {
         threads: rayon::current_num_threads(),
         simd: crate::device::cpu::simd(),
+        profile: crate::device::cpu::profile(),
         stream_bytes: crate::device::cpu::stream_threshold(),
         rows,
         tape_len: TAPE_CHAIN,
@@ -384,8 +387,8 @@ impl std::fmt::Display for Report {
         writeln!(
             f,
             "fused LayerNorm f32 fwd+bwd vs a same-run copy and the composed twin \
-             ({} threads, {})",
-            self.threads, self.simd
+             ({} threads, {}, {} profile)",
+            self.threads, self.simd, self.profile
         )?;
         writeln!(f, "{HEADER}")?;
         for r in &self.rows {
@@ -405,9 +408,10 @@ impl Report {
     pub fn json(&self) -> String {
         let rows: Vec<String> = self.rows.iter().map(Row::json).collect();
         format!(
-            "{{\"threads\":{},\"simd\":\"{}\",\"stream_bytes\":{},\"shapes\":[{}],\"tape\":{{\"len\":{},\"s_per_op\":{}}}}}",
+            "{{\"threads\":{},\"simd\":\"{}\",\"profile\":\"{}\",\"stream_bytes\":{},\"shapes\":[{}],\"tape\":{{\"len\":{},\"s_per_op\":{}}}}}",
             self.threads,
             self.simd,
+            self.profile,
             self.stream_bytes,
             rows.join(","),
             self.tape_len,

@@ -249,13 +249,15 @@ pub(crate) fn fence<const NT: bool>() {
 }
 
 mod lanes;
+mod profile;
 mod team;
 #[cfg(test)]
 mod tests;
 mod tuning;
 mod write;
 
-/// Held by the tests that flip [`set_simd_limit`] or [`set_narrow_lanes`],
+/// Held by the tests that flip [`set_simd_limit`], [`set_narrow_lanes`] or
+/// [`set_profile`] (or read the profile),
 /// or that check which build a kernel ran with.
 #[cfg(test)]
 pub(crate) static SIMD_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -264,6 +266,8 @@ pub(crate) static SIMD_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 use lanes::x86;
 pub use lanes::{best_simd, set_simd_limit, simd, Simd};
 pub(crate) use lanes::{is_f32, Lanes, Portable};
+use profile::Switch;
+pub use profile::{cpu_vendor, profile, set_profile, Profile};
 pub(crate) use team::run_each;
 #[cfg(test)]
 use team::run_tasks;

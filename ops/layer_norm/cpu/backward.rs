@@ -301,7 +301,7 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
         let (pg, pb) = part.split_at_mut(if P { d } else { 0 });
         let n = self.mean.len().min(self.rstd.len());
         let n = n.min(self.x.len().min(self.dy.len()) / d.max(1));
-        let fuse = DX && NT && overlap(d * std::mem::size_of::<T>());
+        let fuse = DX && NT && overlap_backward(d * std::mem::size_of::<T>());
         let mut i = 0;
         match bwd_rows_in_step(d * std::mem::size_of::<T>()) {
             ROWS_IN_STEP => self.steps::<V, ROWS_IN_STEP>(&mut i, n, fuse, (pg, pb)),

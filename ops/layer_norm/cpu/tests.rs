@@ -3,8 +3,8 @@
 use super::forward::{fwd_rows_per_task, FWD_TASK_STEPS};
 use super::*;
 use crate::device::cpu::{
-    best_simd, set_narrow_lanes, set_simd_limit, set_stream_threshold, stream_threshold, Simd,
-    SIMD_TESTS,
+    best_simd, profile, reset_switches, set_narrow_lanes, set_simd_limit, set_stream_threshold,
+    stream_threshold, Simd, SIMD_TESTS,
 };
 use crate::ops::rms_norm::cpu as rms;
 use crate::rng::Rng;
@@ -89,12 +89,12 @@ fn every_build_and_store_kind_gives_the_same_bits() {
                 assert!(outputs(&x, &dy, &g, &b, d) == want, "{limit} n={n} d={d}");
                 // Rows past 64 KiB run in 256-bit lanes; the 512-bit
                 // build must give the same bits there too.
-                set_narrow_lanes(false);
+                set_narrow_lanes(!profile().narrow_lanes());
                 assert!(
                     outputs(&x, &dy, &g, &b, d) == want,
-                    "{limit} wide n={n} d={d}"
+                    "{limit} other lanes n={n} d={d}"
                 );
-                set_narrow_lanes(true);
+                reset_switches();
             }
         }
         let old = stream_threshold();
@@ -108,19 +108,27 @@ fn every_build_and_store_kind_gives_the_same_bits() {
 #[test]
 fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
     let _hold = SEGMENTED.lock();
-    use crate::device::cpu::{bwd_rows_in_step, rows_in_step, set_lockstep};
+    // The profile decides the backward's rows in step; both are run here.
+    let _simd = SIMD_TESTS.lock();
+    use crate::device::cpu::{bwd_rows_in_step, rows_in_step, set_lockstep, set_profile, Profile};
     let mut rng = Rng::new(11);
     // Rows inside the lockstep range: whole steps plus a remainder, a
     // row length that is not a multiple of the lanes (unequal
     // alignment, so the write falls back to one row at a time) and one
     // whose rows all share an alignment.
-    for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
-        assert_eq!(rows_in_step(d * 4), ROWS_IN_STEP, "d={d}");
-        // The backward takes 16 KiB rows four at a time, longer ones two.
-        let bwd = if d * 4 > 16 << 10 { 2 } else { ROWS_IN_STEP };
-        assert_eq!(bwd_rows_in_step(d * 4), bwd, "d={d}");
-        same_bits_either_way(set_lockstep, &case(&mut rng, n, d, 2.0, -0.5), d);
+    for p in [Profile::Intel, Profile::Amd] {
+        set_profile(p);
+        for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
+            assert_eq!(rows_in_step(d * 4), ROWS_IN_STEP, "d={d}");
+            // The backward takes 16 KiB rows four at a time on Intel, two
+            // on AMD; longer ones two on both.
+            let four = p == Profile::Intel && d * 4 <= 16 << 10;
+            let bwd = if four { ROWS_IN_STEP } else { 2 };
+            assert_eq!(bwd_rows_in_step(d * 4), bwd, "{p} d={d}");
+            same_bits_either_way(set_lockstep, &case(&mut rng, n, d, 2.0, -0.5), d);
+        }
     }
+    set_profile(Profile::for_vendor(&crate::device::cpu::cpu_vendor()));
 }
 
 #[test]
@@ -218,7 +226,9 @@ fn outputs_start_on_a_cache_line() {
 #[test]
 fn overlapped_passes_give_the_same_bits_as_separate_ones() {
     let _hold = SEGMENTED.lock();
-    use crate::device::cpu::{overlap, set_overlap};
+    // `reset_switches` also resets the lanes that SIMD tests set.
+    let _simd = SIMD_TESTS.lock();
+    use crate::device::cpu::{overlap, overlap_backward, set_overlap};
     let mut rng = Rng::new(17);
     // Streamed (the overlap needs it): short rows one at a time, rows
     // in lockstep with a remainder (two steps, and four, so that a
@@ -241,17 +251,21 @@ fn overlapped_passes_give_the_same_bits_as_separate_ones() {
         (5, 16_400),
         (6, 256),
     ] {
+        set_overlap(true);
         assert_eq!(overlap(d * 4), d * 4 >= 2048, "d={d}");
+        assert_eq!(overlap_backward(d * 4), d * 4 >= 2048, "d={d}");
         let (x, dy, g, b) = case(&mut rng, n, d, 1.5, 3.0);
         let old = stream_threshold();
         set_stream_threshold(0);
         set_overlap(false);
+        assert!(!overlap(d * 4) && !overlap_backward(d * 4));
         let want = outputs(&x, &dy, &g, &b, d);
         set_overlap(true);
         let got = outputs(&x, &dy, &g, &b, d);
         set_stream_threshold(old);
         assert!(got == want, "n={n} d={d}");
     }
+    reset_switches();
 }
 
 #[test]

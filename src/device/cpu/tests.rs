@@ -168,12 +168,63 @@ fn narrow_kernels_run_in_256_bit_lanes() {
 #[test]
 fn only_rows_past_64_kib_take_narrow_lanes() {
     let _hold = SIMD_TESTS.lock();
+    set_narrow_lanes(true);
     for (bytes, want) in [(4096, false), (64 << 10, false), ((64 << 10) + 4, true)] {
         assert_eq!(narrow_lanes(bytes), want, "{bytes} bytes");
     }
     set_narrow_lanes(false);
     assert!(!narrow_lanes(1 << 20));
-    set_narrow_lanes(true);
+    reset_switches();
+    assert_eq!(narrow_lanes(1 << 20), profile().narrow_lanes());
+}
+
+#[test]
+fn each_vendor_gets_its_measured_defaults() {
+    assert_eq!(Profile::for_vendor("GenuineIntel"), Profile::Intel);
+    assert_eq!(Profile::for_vendor("AuthenticAMD"), Profile::Amd);
+    assert_eq!(Profile::for_vendor("HygonGenuine"), Profile::Amd);
+    assert_eq!(Profile::for_vendor(""), Profile::Intel);
+    let intel = Profile::Intel;
+    assert!(intel.narrow_lanes() && intel.backward_overlap());
+    assert!(intel.forward_overlap(4096) && intel.forward_overlap(16 << 10));
+    let amd = Profile::Amd;
+    assert!(!amd.narrow_lanes() && !amd.backward_overlap());
+    // On AMD only rows in lockstep overlap their forward passes.
+    assert!(!amd.forward_overlap((16 << 10) - 4));
+    assert!(amd.forward_overlap(16 << 10) && amd.forward_overlap(64 << 10));
+    // The backward pairs 16 KiB rows on AMD only; longer ones on both.
+    assert!(!intel.backward_pairs(16 << 10) && amd.backward_pairs(16 << 10));
+    assert!(intel.backward_pairs(32 << 10) && amd.backward_pairs(32 << 10));
+}
+
+#[test]
+fn the_profile_follows_the_cpu_it_runs_on() {
+    // Tests that set the profile hold this lock.
+    let _hold = SIMD_TESTS.lock();
+    let vendor = cpu_vendor();
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(vendor.len(), 12, "{vendor:?}");
+    }
+    // Checked against the kernel's own reading where there is one.
+    if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+        let line = info.lines().find(|l| l.starts_with("vendor_id"));
+        if let Some(id) = line.and_then(|l| l.split(':').nth(1)) {
+            assert_eq!(vendor, id.trim());
+        }
+    }
+    assert_eq!(profile(), Profile::for_vendor(&vendor));
+}
+
+#[test]
+fn a_switch_follows_its_default_until_set() {
+    let s = Switch::new();
+    assert!(s.on(|| true) && !s.on(|| false));
+    s.set(false);
+    assert!(!s.on(|| true));
+    s.set(true);
+    assert!(s.on(|| false));
+    s.reset();
+    assert!(!s.on(|| false) && s.on(|| true));
 }
 
 #[test]

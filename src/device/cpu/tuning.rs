@@ -21,7 +21,8 @@ pub const STEP_ROW_BYTES: std::ops::RangeInclusive<usize> = (16 << 10)..=(64 << 
 static LOCKSTEP: AtomicBool = AtomicBool::new(true);
 
 /// Rows the LayerNorm backward advances together for rows of `row_bytes`:
-/// [`rows_in_step`], but two, not four, for rows past 16 KiB. The joined
+/// [`rows_in_step`], but two, not four, where [`Profile::backward_pairs`]
+/// says so: rows past 16 KiB on Intel, every row in lockstep on AMD. The joined
 /// loop holds two groups of rows at once (this group's pass B, the next
 /// group's pass A): at four rows their statistics, row sums and pointers
 /// need about 56 vector registers of 32 and spill, and at 64 KiB rows the
@@ -29,11 +30,15 @@ static LOCKSTEP: AtomicBool = AtomicBool::new(true);
 /// four rows over two (2026-11-30, `ab_switches`, 61 reps, two runs):
 /// 1.11 and 1.17 at 1024 x 16384, 1.05 and 1.08 at 2048 x 8192; at
 /// 16 KiB rows four stay (8192 x 4096: 0.93, 1.00, 0.98 and 0.99 in four
-/// runs). Each row keeps its own accumulators and the partials still take
+/// runs). On AMD Zen 4, whose L1 is 8-way (32 KiB), four 16 KiB rows of
+/// `x` and of `dy` fall in one L1 set with `gamma` and the partials;
+/// there two rows took 0.84-0.96 of the backward's time at 4096 x 4096,
+/// 8192 x 4096 and 16384 x 4096 (`ab_switches`, 21 reps, three runs).
+/// Each row keeps its own accumulators and the partials still take
 /// the rows in row order, so the bits are unchanged.
 pub fn bwd_rows_in_step(row_bytes: usize) -> usize {
     match rows_in_step(row_bytes) {
-        ROWS_IN_STEP if row_bytes > *STEP_ROW_BYTES.start() => 2,
+        ROWS_IN_STEP if profile().backward_pairs(row_bytes) => 2,
         r => r,
     }
 }
@@ -119,12 +124,14 @@ pub(crate) fn should_stream<T: Element>(elems: usize) -> bool {
     cfg!(target_arch = "x86_64") && is_f32::<T>() && elems.saturating_mul(4) >= stream_threshold()
 }
 
-static OVERLAP: AtomicBool = AtomicBool::new(true);
+static OVERLAP: Switch = Switch::new();
 
-/// Turns [`overlap`] on or off (process-wide; for benchmarks that measure
-/// what it is worth). It changes only the speed.
+/// Turns [`overlap`] and [`overlap_backward`] on or off, overriding the
+/// [`profile`] (process-wide; for benchmarks that measure what it is
+/// worth; [`reset_switches`] restores the profile's choice). It changes
+/// only the speed.
 pub fn set_overlap(on: bool) {
-    OVERLAP.store(on, Ordering::Relaxed)
+    OVERLAP.set(on)
 }
 
 static STATS_FIRST: AtomicBool = AtomicBool::new(true);
@@ -186,16 +193,24 @@ pub fn paired_partials(row_bytes: usize) -> bool {
 /// are too short for the joined loop to pay for itself.
 pub const OVERLAP_ROW_BYTES: usize = 2 << 10;
 
-/// Whether the LayerNorm kernels run the next rows' first pass inside this
+/// Whether the LayerNorm forward runs the next rows' first pass inside this
 /// rows' output pass ([`write_rows_with`]) for rows of `row_bytes`: only
 /// for outputs that are streamed (the caller checks), rows of at least
-/// [`OVERLAP_ROW_BYTES`], and unless turned off by [`set_overlap`].
+/// [`OVERLAP_ROW_BYTES`], and where the [`profile`] or [`set_overlap`] says
+/// so (on AMD, only rows in lockstep).
 #[inline(always)]
 pub fn overlap(row_bytes: usize) -> bool {
-    OVERLAP.load(Ordering::Relaxed) && row_bytes >= OVERLAP_ROW_BYTES
+    row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| profile().forward_overlap(row_bytes))
 }
 
-static NARROW: AtomicBool = AtomicBool::new(true);
+/// Whether the LayerNorm backward runs the next rows' pass A inside this
+/// rows' pass B, as [`overlap`] for the forward (never by default on AMD).
+#[inline(always)]
+pub fn overlap_backward(row_bytes: usize) -> bool {
+    row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| profile().backward_overlap())
+}
+
+static NARROW: Switch = Switch::new();
 
 /// Whether the LayerNorm kernels run rows of `row_bytes` in 256-bit lanes
 /// (the AVX2 build) on a CPU with AVX-512: for rows past
@@ -207,13 +222,23 @@ static NARROW: AtomicBool = AtomicBool::new(true);
 /// but 1.06 at 256 x 65536. At rows of 64 KiB and less the figures went
 /// both ways (0.90-1.04 at 8192 x 4096, 1.06 at 1024 x 16384, 1.12 at
 /// 2048 x 8192) and lost at shorter rows (1.08-1.32 at 128-2048 wide), so
-/// those keep 512-bit lanes.
+/// those keep 512-bit lanes. On AMD Zen 4 the 256-bit lanes lost (see
+/// [`Profile::Amd`]), so the [`profile`] turns them off there.
 pub fn narrow_lanes(row_bytes: usize) -> bool {
-    NARROW.load(Ordering::Relaxed) && row_bytes > *STEP_ROW_BYTES.end()
+    row_bytes > *STEP_ROW_BYTES.end() && NARROW.on(|| profile().narrow_lanes())
 }
 
-/// Turns [`narrow_lanes`] on or off (process-wide; for benchmarks that
-/// measure what it is worth). It changes only the speed.
+/// Turns [`narrow_lanes`] on or off, overriding the [`profile`]
+/// (process-wide; for benchmarks that measure what it is worth). It
+/// changes only the speed.
 pub fn set_narrow_lanes(on: bool) {
-    NARROW.store(on, Ordering::Relaxed)
+    NARROW.set(on)
+}
+
+/// Gives [`overlap`], [`overlap_backward`] and [`narrow_lanes`] back to
+/// the [`profile`]'s defaults after [`set_overlap`] or
+/// [`set_narrow_lanes`].
+pub fn reset_switches() {
+    OVERLAP.reset();
+    NARROW.reset();
 }
