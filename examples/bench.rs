@@ -26,6 +26,7 @@ fn main() -> fusegrad::Result<()> {
             "--json" => json = true,
             "--no-composed" => composed = false,
             "--no-pool" => device::pool::set_enabled(false),
+            "--no-huge" => device::pool::set_huge_pages(false),
             "--one-row" => device::cpu::set_lockstep(false),
             "--no-runs" => device::cpu::set_segmented(false),
             "--no-ahead" => device::cpu::set_prefetch_next(false),

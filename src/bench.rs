@@ -207,8 +207,12 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
     let min_bytes = elems * (FWD_BYTES_PER_ELEM + BWD_BYTES_PER_ELEM) as f64 + (d * 4 * 5) as f64;
     // The copy reads `copy_len` f32 and writes as many: `min_bytes` in all.
     let copy_len = (min_bytes / 8.0).round() as usize;
-    let src = random(&mut rng, copy_len);
-    let mut dst = vec![0.0f32; copy_len];
+    // In memory allocated as the kernels' is (`pool::fresh`: huge pages
+    // where the system gives them), so that neither side has pages the
+    // other lacks.
+    let mut src = crate::device::pool::fresh::<f32>(copy_len);
+    src.iter_mut().for_each(|v| *v = rng.normal() as f32);
+    let mut dst = crate::device::pool::fresh::<f32>(copy_len);
 
     // Warm-up: fill the buffer pool and the copy target, fault in pages.
     let probe: f64 = step()?.iter().sum();

@@ -11,6 +11,8 @@
 //! oldest small ones, then the oldest large ones that are no longer in use
 //! ([`STALE_TAKES`]), then the oldest large ones ([`SMALL_PART`]), so the
 //! cache follows the sizes in use now.
+//!
+//! Fresh large buffers ask Linux for transparent huge pages ([`fresh`]).
 
 use crate::dtype::Element;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +31,66 @@ pub fn set_enabled(on: bool) {
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
+
+static HUGE: AtomicBool = AtomicBool::new(true);
+
+/// Turns [`fresh`]'s request for huge pages on or off (on by default; a
+/// process-wide switch for benchmarks that measure what it is worth).
+pub fn set_huge_pages(on: bool) {
+    HUGE.store(on, Ordering::Relaxed)
+}
+
+/// Fresh buffers of at least this many bytes ask for transparent huge
+/// pages ([`fresh`]).
+pub const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
+
+/// `n` default values in a fresh allocation. From [`HUGE_PAGE_MIN_BYTES`]
+/// on Linux, the allocation's whole 2 MiB pages are marked
+/// `MADV_HUGEPAGE` before the first touch, so that where transparent huge
+/// pages are `madvise` (the default of many distributions) the kernel
+/// backs them with 2 MiB pages. Each 4 KiB page is otherwise a TLB entry
+/// of its own, and the streams of a LayerNorm step cross a page every
+/// 4 KiB. Where the kernel refuses (no THP), the pages stay as they are.
+pub fn fresh<T: Element>(n: usize) -> Vec<T> {
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    if !(cfg!(target_os = "linux") && bytes >= HUGE_PAGE_MIN_BYTES) {
+        return vec![T::default(); n];
+    }
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    advise_unused(&mut v);
+    v.resize(n, T::default());
+    v
+}
+
+/// Asks for huge pages for the spare capacity of `v` (as [`fresh`]), which
+/// nothing may have touched yet.
+pub(crate) fn advise_unused<T>(v: &mut Vec<T>) {
+    let bytes = std::mem::size_of::<T>() * (v.capacity() - v.len());
+    if bytes >= HUGE_PAGE_MIN_BYTES && HUGE.load(Ordering::Relaxed) {
+        advise_huge(v.spare_capacity_mut().as_mut_ptr().cast(), bytes);
+    }
+}
+
+/// Marks the whole 2 MiB pages of `[ptr, ptr + bytes)` `MADV_HUGEPAGE`.
+#[cfg(target_os = "linux")]
+fn advise_huge(ptr: *mut u8, bytes: usize) {
+    const HUGE: usize = 2 << 20;
+    const MADV_HUGEPAGE: i32 = 14;
+    extern "C" {
+        fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+    }
+    let start = (ptr as usize).next_multiple_of(HUGE);
+    let end = (ptr as usize + bytes) / HUGE * HUGE;
+    if end > start {
+        // SAFETY: the range lies inside this allocation, which nothing has
+        // touched yet; the advice changes how pages are backed, never their
+        // contents, and a refusal (the return value) leaves them as they are.
+        let _ = unsafe { madvise(start as *mut _, end - start, MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge(_: *mut u8, _: usize) {}
 
 /// Buffers smaller than this are never cached. It was 1 MiB; but glibc
 /// also maps fresh pages for blocks from 128 KiB up (its starting mmap
@@ -121,7 +183,7 @@ impl<T: Element> Pool<T> {
                 }
             }
         }
-        vec![T::default(); n]
+        fresh(n)
     }
 
     /// Returns a buffer for reuse (kept only if large and the cache has room).
@@ -248,6 +310,7 @@ impl<T: Element> Buffer<T> {
     pub(crate) fn try_filled(n: usize, x: T) -> Option<Self> {
         let mut v = Vec::new();
         v.try_reserve_exact(n.checked_add(Self::PAD)?).ok()?;
+        advise_unused(&mut v);
         v.resize(n + Self::PAD, x);
         Some(Self::within(v, n))
     }
@@ -298,6 +361,53 @@ impl<T: Element> std::ops::DerefMut for Buffer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `VmFlags` of the mapping that holds `addr`, from
+    /// `/proc/self/smaps`, or `None` where there is no such file.
+    fn vm_flags(addr: usize) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'));
+            if let Some((a, b)) = range {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&addr);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(flags) = line.strip_prefix("VmFlags:") {
+                    return Some(flags.to_string());
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn large_fresh_buffers_ask_for_huge_pages() {
+        let n = (16 << 20) / 4;
+        let v = fresh::<f32>(n);
+        assert_eq!(v.len(), n);
+        assert!(v.iter().all(|&x| x == 0.0));
+        let inner = (v.as_ptr() as usize).next_multiple_of(2 << 20);
+        let thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled");
+        let Some(flags) = vm_flags(inner).filter(|_| thp.exists()) else {
+            eprintln!("skipped: no transparent huge pages, or no /proc/self/smaps");
+            return;
+        };
+        let huge = |f: &str| f.split_whitespace().any(|f| f == "hg");
+        assert!(huge(&flags), "{flags}");
+        // A small one is left as the allocator gives it.
+        let small = fresh::<f32>(1 << 10);
+        if let Some(flags) = vm_flags(small.as_ptr() as usize) {
+            assert!(!huge(&flags), "{flags}");
+        }
+    }
 
     const BIG: usize = MIN_POOLED_BYTES / 4;
 
