@@ -3,7 +3,7 @@
 //! ```sh
 //! cargo run --release --example bench -- [--json] [--budget S] [--no-composed]
 //!     [--shape NxD]... [--stream-bytes B] [--no-pool] [--one-row] [--no-runs]
-//!     [--no-ahead] [--portable | --avx2] [--profile intel|amd]
+//!     [--no-ahead] [--portable | --avx2] [--profile intel|amd] [--no-huge]
 //! ```
 //!
 //! `--stream-bytes` sets the output size from which f32 kernels use
@@ -12,8 +12,9 @@
 //! of four rows in lockstep, `--no-runs` walks long rows front to back,
 //! `--no-ahead` stops prefetching the next row (see `examples/ab_switches.rs`
 //! for the same switches timed side by side), `--portable`/`--avx2` cap the
-//! SIMD build, and `--profile` picks a CPU profile's speed defaults instead
-//! of the detected one, to measure what each is worth.
+//! SIMD build, `--profile` picks a CPU profile's speed defaults instead
+//! of the detected one, and `--no-huge` stops fresh buffers asking for huge
+//! pages, to measure what each is worth.
 use fusegrad::{bench, device};
 
 fn main() -> fusegrad::Result<()> {

@@ -15,11 +15,11 @@ pub enum Profile {
     /// Measured on AMD Zen 4 (EPYC, family 25 model 17; AVX-512 on 256-bit
     /// units, 1 MiB L2 per core). There, fwd+bwd time with the Intel
     /// profile's choice over without it (`ab_switches`, 21 reps):
-    /// - overlapped backward passes: 1.06-1.29 at rows of 512-8192
+    /// - overlapped backward passes: 1.03-1.29 at rows of 512-8192 f32
     ///   (2-32 KiB), 0.97-1.05 at rows of 64-256 KiB;
-    /// - overlapped forward passes of rows taken one at a time: 1.10-1.30
-    ///   at rows of 1024-2048, 1.01-1.05 at 512-768; but rows in lockstep
-    ///   (16-64 KiB) gain, 0.89-0.93, and keep it;
+    /// - overlapped forward passes of rows taken one at a time: 1.11-1.43
+    ///   at rows of 1024-2048, 1.00-1.05 at 512-768; but rows in lockstep
+    ///   (16-64 KiB) gain, 0.89-0.98, and keep it;
     /// - 256-bit lanes for rows past 64 KiB: 1.04-1.14 at 512 x 65536,
     ///   2048 x 65536, 4096 x 32768 and 1024 x 131072;
     /// - four 16 KiB rows in the backward's step instead of two: 1.04-1.19
