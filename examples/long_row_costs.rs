@@ -11,6 +11,8 @@
 
 use std::time::Instant;
 
+mod common;
+
 #[cfg(target_arch = "x86_64")]
 mod pat {
     use std::arch::x86_64::*;
@@ -181,18 +183,7 @@ fn main() {
             bwd::<false, false, true, true, ALL>,
         ),
     ];
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let mut reps = 11;
-    if let Some(k) = args.iter().position(|a| a == "--reps") {
-        reps = args.get(k + 1).and_then(|v| v.parse().ok()).unwrap_or(reps);
-        args.drain(k..(k + 2).min(args.len()));
-    }
-    let nums: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let shapes: Vec<(usize, usize)> = if nums.len() >= 2 {
-        nums.chunks_exact(2).map(|p| (p[0], p[1])).collect()
-    } else {
-        vec![(2048, 65536), (4096, 32768), (8192, 4096)]
-    };
+    let (reps, shapes) = common::reps_and_shapes(&[(2048, 65536), (4096, 32768), (8192, 4096)]);
     for (n, d) in shapes {
         let (n, d) = (n / 2 * 2, (d / 16 * 16).max(16));
         let numel = n * d;
@@ -225,11 +216,7 @@ fn main() {
                 rates[k].push(bytes * numel as f64 / t.elapsed().as_secs_f64() / 1e9);
             }
         }
-        let med = |v: &Vec<f64>| {
-            let mut v = v.clone();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
+        let med = |v: &Vec<f64>| common::median(v);
         let (copy, triad) = (med(&rates[0]), med(&rates[1]));
         println!("{n} x {d} (f32, 2 threads, medians of {reps}):");
         for (k, (name, _, _)) in pats.iter().enumerate() {

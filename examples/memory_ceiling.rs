@@ -11,6 +11,8 @@
 
 use std::time::Instant;
 
+mod common;
+
 /// The loop structures: name, bytes per element counted, and the pattern.
 #[cfg(target_arch = "x86_64")]
 mod pat {
@@ -273,18 +275,7 @@ fn main() {
         ("backward as built (rows in step)", 12.0, pat::bwd_step),
         ("forward as built (rows in step)", 8.0, pat::fwd_step),
     ];
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let mut reps = 11;
-    if let Some(k) = args.iter().position(|a| a == "--reps") {
-        reps = args.get(k + 1).and_then(|v| v.parse().ok()).unwrap_or(reps);
-        args.drain(k..(k + 2).min(args.len()));
-    }
-    let nums: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let shapes: Vec<(usize, usize)> = if nums.len() >= 2 {
-        nums.chunks_exact(2).map(|p| (p[0], p[1])).collect()
-    } else {
-        vec![(16384, 1024), (8192, 4096), (2048, 65536)]
-    };
+    let (reps, shapes) = common::reps_and_shapes(&[(16384, 1024), (8192, 4096), (2048, 65536)]);
     for (n, d) in shapes {
         // Whole steps of four rows in each half.
         let (n, d) = (n / 8 * 8, d / 16 * 16);
@@ -311,11 +302,7 @@ fn main() {
                 rates[k].push(bytes * numel as f64 / t.elapsed().as_secs_f64() / 1e9);
             }
         }
-        let med = |v: &Vec<f64>| {
-            let mut v = v.clone();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
+        let med = |v: &Vec<f64>| common::median(v);
         let copy = med(&rates[0]);
         println!("{n} x {d} (f32, 2 threads, medians of {reps}):");
         for (k, (name, _, _)) in pats.iter().enumerate() {
