@@ -124,19 +124,51 @@ fn reps_for(probe_s: f64, budget_s: f64, lo: usize, hi: usize) -> usize {
     ((budget_s / probe_s.max(1e-9)) as usize).clamp(lo, hi)
 }
 
+/// The ways [`best_copy`] copies: block length per task (`0`: one block
+/// per thread) and whether it streams.
+const COPY_WAYS: [(usize, bool); 3] = [(0, false), (64 * 1024, false), (0, true)];
+
+/// Copies whose source and destination together take at most this many
+/// bytes give each of the [`COPY_WAYS`] a pair of buffers of its own.
+pub const OWN_PAIRS_MAX_BYTES: usize = 1 << 30;
+
+/// How many source/destination pairs the copy of a shape uses, for a
+/// pair of `pair_bytes`: one per way of copying up to
+/// [`OWN_PAIRS_MAX_BYTES`], else one. Three ways run back to back on one
+/// pair made the second and third copies find their bytes in a cache
+/// that the kernels' inputs (evicted by those copies) never get: on an
+/// AMD EPYC with a 32 MiB L3, the copy of 512 x 2048's 21 MB ran at
+/// 125-139 GB/s as the second or third of a sequence and at 73-88 GB/s
+/// on a pair of its own (`docs/performance.md`, "Each way of copying on
+/// its own buffers"). A larger pair stays in no cache anyway, and three of
+/// them would cost gigabytes.
+pub fn copy_pairs(pair_bytes: usize) -> usize {
+    if pair_bytes <= OWN_PAIRS_MAX_BYTES {
+        COPY_WAYS.len()
+    } else {
+        1
+    }
+}
+
 /// The copy baseline: `dst.copy_from_slice(src)` split across the
 /// threads, one contiguous block per thread or in 256 KiB blocks, and a
 /// copy with streaming stores ([`cpu::stream_copy`]), one block per
-/// thread; the fastest of the three in this rep. The blocks go to the
-/// threads as the kernels' tasks do ([`cpu::run_each`]). glibc's memcpy streams
+/// thread; the fastest of the three in this rep. Way `k` copies pair
+/// `k % pairs.len()` (see [`copy_pairs`]). The blocks go to the threads
+/// as the kernels' tasks do ([`cpu::run_each`]). glibc's memcpy streams
 /// only blocks past its own threshold (114 MB here), so without the third
 /// a copy of 84 MB per thread (the 16M-element shapes) ran at the slower
 /// cached rate, and LayerNorm was compared with a weaker baseline at those
 /// shapes than at the others. Returns the seconds of the fastest.
-fn best_copy(dst: &mut [f32], src: &[f32]) -> f64 {
-    let per_thread = src.len().div_ceil(rayon::current_num_threads()).max(1);
+fn best_copy(pairs: &mut [(Vec<f32>, Vec<f32>)]) -> f64 {
     let mut best = f64::INFINITY;
-    for (chunk, stream) in [(per_thread, false), (64 * 1024, false), (per_thread, true)] {
+    let count = pairs.len().max(1);
+    for (k, &(chunk, stream)) in COPY_WAYS.iter().enumerate() {
+        let Some((src, dst)) = pairs.get_mut(k % count) else {
+            break;
+        };
+        let per_thread = src.len().div_ceil(rayon::current_num_threads()).max(1);
+        let chunk = if chunk == 0 { per_thread } else { chunk };
         let s = Instant::now();
         let blocks: Vec<_> = dst.chunks_mut(chunk).zip(src.chunks(chunk)).collect();
         cpu::run_each(blocks, |(d, s)| {
@@ -210,13 +242,17 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
     // In memory allocated as the kernels' is (`pool::fresh`: huge pages
     // where the system gives them), so that neither side has pages the
     // other lacks.
-    let mut src = crate::device::pool::fresh::<f32>(copy_len);
-    src.iter_mut().for_each(|v| *v = rng.normal() as f32);
-    let mut dst = crate::device::pool::fresh::<f32>(copy_len);
+    let mut pairs: Vec<(Vec<f32>, Vec<f32>)> = (0..copy_pairs(copy_len * 8))
+        .map(|_| {
+            let mut src = crate::device::pool::fresh::<f32>(copy_len);
+            src.iter_mut().for_each(|v| *v = rng.normal() as f32);
+            (src, crate::device::pool::fresh::<f32>(copy_len))
+        })
+        .collect();
 
     // Warm-up: fill the buffer pool and the copy target, fault in pages.
     let probe: f64 = step()?.iter().sum();
-    best_copy(&mut dst, &src);
+    best_copy(&mut pairs);
     let reps = reps_for(probe, budget_s, 5, 200);
     let (mut tf, mut tb, mut tc) = (Vec::new(), Vec::new(), Vec::new());
     let faults_before = minor_faults();
@@ -224,13 +260,13 @@ pub fn measure(n: usize, d: usize, budget_s: f64, composed: bool) -> Result<Row>
         let [f, b] = step()?;
         tf.push(f);
         tb.push(b);
-        tc.push(best_copy(&mut dst, &src));
+        tc.push(best_copy(&mut pairs));
     }
     let faults_per_step = faults_before
         .zip(minor_faults())
         .map(|(a, b)| b.saturating_sub(a) as f64 / reps as f64);
     let (fwd_s, bwd_s, copy_s) = (median(&mut tf), median(&mut tb), median(&mut tc));
-    drop((dst, src));
+    drop(pairs);
     let copy_gbps = (copy_len * 8) as f64 / copy_s / 1e9;
     let gbps = min_bytes / (fwd_s + bwd_s) / 1e9;
 
@@ -450,6 +486,27 @@ mod tests {
         let t = r.to_string();
         assert_eq!(t.lines().count(), 2 + 2 + 1, "{t}");
         assert!(t.contains("tape overhead"), "{t}");
+    }
+
+    #[test]
+    fn each_way_of_copying_gets_its_own_pair_while_they_are_small() {
+        assert_eq!(copy_pairs(64 << 20), COPY_WAYS.len());
+        assert_eq!(copy_pairs(OWN_PAIRS_MAX_BYTES), COPY_WAYS.len());
+        assert_eq!(copy_pairs(OWN_PAIRS_MAX_BYTES + 1), 1);
+        // Every pair is copied, whole, by its way (three pairs), and one
+        // shared pair is copied by all three.
+        for count in [3, 1] {
+            let mut pairs: Vec<(Vec<f32>, Vec<f32>)> = (0..count)
+                .map(|k| {
+                    let src = (0..100_003).map(|i| (i * (k + 2)) as f32).collect();
+                    (src, vec![0.0; 100_003])
+                })
+                .collect();
+            assert!(best_copy(&mut pairs) > 0.0);
+            for (k, (src, dst)) in pairs.iter().enumerate() {
+                assert_eq!(src, dst, "pair {k} of {count}");
+            }
+        }
     }
 
     #[test]

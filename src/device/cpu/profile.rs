@@ -13,10 +13,14 @@ pub enum Profile {
     /// default on every CPU that is not AMD's.
     Intel,
     /// Measured on AMD Zen 4 (EPYC, family 25 model 17; AVX-512 on 256-bit
-    /// units, 1 MiB L2 per core). There, fwd+bwd time with the Intel
-    /// profile's choice over without it (`ab_switches`, 21 reps):
+    /// units, 1 MiB L2 per core), and since 2026-12-01 (night) on Zen 5
+    /// (family 26, full 512-bit units, 1 MiB L2 per core). On Zen 4,
+    /// fwd+bwd time with the Intel profile's choice over without it
+    /// (`ab_switches`, 21 reps):
     /// - overlapped backward passes: 1.03-1.29 at rows of 512-8192 f32
-    ///   (2-32 KiB), 0.97-1.05 at rows of 64-256 KiB;
+    ///   (2-32 KiB), 0.97-1.05 at rows of 64-256 KiB; Zen 5 gains at rows
+    ///   past 64 KiB, which now overlap on AMD too (see
+    ///   [`Profile::backward_overlap`]);
     /// - overlapped forward passes of rows taken one at a time: 1.11-1.43
     ///   at rows of 1024-2048, 1.00-1.05 at 512-768; but rows in lockstep
     ///   (16-64 KiB) gain, 0.89-0.98, and keep it;
@@ -45,9 +49,21 @@ impl Profile {
         }
     }
 
-    /// Whether the backward overlaps its passes by default.
-    pub fn backward_overlap(self) -> bool {
-        self == Profile::Intel
+    /// Whether the backward overlaps its passes for rows of `row_bytes`
+    /// (at least [`OVERLAP_ROW_BYTES`](super::OVERLAP_ROW_BYTES)) by
+    /// default: always on Intel; on AMD only for rows past
+    /// [`STEP_ROW_BYTES`](super::STEP_ROW_BYTES). Measured on AMD Zen 5
+    /// (EPYC, family 26; 1 MiB L2 per core), backward time overlapped over
+    /// not (`ab_switches --switch overlap`, 21-31 reps, seven runs):
+    /// 0.90-0.93 at 4096 x 32768, 0.93-0.96 at 1024 x 131072 and 512 x
+    /// 65536, 0.91-0.98 at 2048 x 65536 (one run of seven 1.03); but
+    /// 1.00-1.03 at 1024 x 16384 (64 KiB rows), 1.09-1.20 at rows of 2-16
+    /// KiB, as on Zen 4.
+    pub fn backward_overlap(self, row_bytes: usize) -> bool {
+        match self {
+            Profile::Intel => true,
+            Profile::Amd => row_bytes > *super::STEP_ROW_BYTES.end(),
+        }
     }
 
     /// Whether the backward takes rows of `row_bytes` that go in lockstep

@@ -185,10 +185,14 @@ fn each_vendor_gets_its_measured_defaults() {
     assert_eq!(Profile::for_vendor("HygonGenuine"), Profile::Amd);
     assert_eq!(Profile::for_vendor(""), Profile::Intel);
     let intel = Profile::Intel;
-    assert!(intel.narrow_lanes() && intel.backward_overlap());
+    assert!(intel.narrow_lanes());
+    assert!(intel.backward_overlap(2 << 10) && intel.backward_overlap(256 << 10));
     assert!(intel.forward_overlap(4096) && intel.forward_overlap(16 << 10));
     let amd = Profile::Amd;
-    assert!(!amd.narrow_lanes() && !amd.backward_overlap());
+    assert!(!amd.narrow_lanes());
+    // On AMD the backward overlaps only rows past 64 KiB.
+    assert!(!amd.backward_overlap(2 << 10) && !amd.backward_overlap(64 << 10));
+    assert!(amd.backward_overlap((64 << 10) + 4) && amd.backward_overlap(256 << 10));
     // On AMD only rows in lockstep overlap their forward passes.
     assert!(!amd.forward_overlap((16 << 10) - 4));
     assert!(amd.forward_overlap(16 << 10) && amd.forward_overlap(64 << 10));

@@ -204,10 +204,11 @@ pub fn overlap(row_bytes: usize) -> bool {
 }
 
 /// Whether the LayerNorm backward runs the next rows' pass A inside this
-/// rows' pass B, as [`overlap`] for the forward (never by default on AMD).
+/// rows' pass B, as [`overlap`] for the forward (on AMD by default only
+/// for rows past [`STEP_ROW_BYTES`]).
 #[inline(always)]
 pub fn overlap_backward(row_bytes: usize) -> bool {
-    row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| profile().backward_overlap())
+    row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| profile().backward_overlap(row_bytes))
 }
 
 static NARROW: Switch = Switch::new();
