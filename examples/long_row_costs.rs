@@ -5,9 +5,12 @@
 //! one pass (a triad), interleaved rep by rep, 2 threads, half the rows
 //! each, in memory from `pool::fresh` as the kernels' is.
 //!
-//! `cargo run --release --example long_row_costs -- [--reps K] [N D ...]`
-//! (AVX-512 only; elsewhere it says so and stops). Default shapes:
-//! 2048 x 65536, 4096 x 32768 and 8192 x 4096.
+//! `cargo run --release --example long_row_costs -- [--reps K]
+//! [--one-thread] [N D ...]` (AVX-512 only; elsewhere it says so and
+//! stops). Default shapes: 2048 x 65536, 4096 x 32768 and 8192 x 4096.
+//! `--one-thread` runs only the first half of the rows, on one thread
+//! with the other core idle, and counts that half's bytes: what one core
+//! can draw through each loop.
 
 use std::time::Instant;
 
@@ -184,6 +187,8 @@ fn main() {
         ),
     ];
     let (reps, shapes) = common::reps_and_shapes(&[(2048, 65536), (4096, 32768), (8192, 4096)]);
+    let one = std::env::args().any(|a| a == "--one-thread");
+    let threads = if one { 1 } else { 2 };
     for (n, d) in shapes {
         let (n, d) = (n / 2 * 2, (d / 16 * 16).max(16));
         let numel = n * d;
@@ -205,7 +210,7 @@ fn main() {
                 let (c0, c1) = c.split_at_mut(h);
                 let t = Instant::now();
                 std::thread::scope(|s| {
-                    for (k, cc) in [c0, c1].into_iter().enumerate() {
+                    for (k, cc) in [c0, c1].into_iter().enumerate().take(threads) {
                         let (aa, bb, g) =
                             (&a[k * h..(k + 1) * h], &b[k * h..(k + 1) * h], &gamma[..]);
                         // SAFETY: AVX-512 was detected above; `cc` starts
@@ -213,12 +218,13 @@ fn main() {
                         s.spawn(move || unsafe { f(aa, bb, cc, g, d) });
                     }
                 });
-                rates[k].push(bytes * numel as f64 / t.elapsed().as_secs_f64() / 1e9);
+                let moved = bytes * (h * threads) as f64;
+                rates[k].push(moved / t.elapsed().as_secs_f64() / 1e9);
             }
         }
         let med = |v: &Vec<f64>| common::median(v);
         let (copy, triad) = (med(&rates[0]), med(&rates[1]));
-        println!("{n} x {d} (f32, 2 threads, medians of {reps}):");
+        println!("{n} x {d} (f32, {threads} thread(s), medians of {reps}):");
         for (k, (name, _, _)) in pats.iter().enumerate() {
             let r = med(&rates[k]);
             println!(

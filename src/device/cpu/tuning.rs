@@ -33,14 +33,27 @@ static LOCKSTEP: AtomicBool = AtomicBool::new(true);
 /// runs). On AMD Zen 4, whose L1 is 8-way (32 KiB), four 16 KiB rows of
 /// `x` and of `dy` fall in one L1 set with `gamma` and the partials;
 /// there two rows took 0.84-0.96 of the backward's time at 4096 x 4096,
-/// 8192 x 4096 and 16384 x 4096 (`ab_switches`, 21 reps, three runs).
+/// 8192 x 4096 and 16384 x 4096 (`ab_switches`, 21 reps, three runs);
+/// on Zen 5 (12-way L1) two still took 0.84-0.98 of it at the same
+/// shapes, 1024 x 16384 and 2048 x 8192 ([`set_backward_pairs`]).
 /// Each row keeps its own accumulators and the partials still take
 /// the rows in row order, so the bits are unchanged.
 pub fn bwd_rows_in_step(row_bytes: usize) -> usize {
     match rows_in_step(row_bytes) {
-        ROWS_IN_STEP if profile().backward_pairs(row_bytes) => 2,
+        ROWS_IN_STEP if PAIRS.on(|| profile().backward_pairs(row_bytes)) => 2,
         r => r,
     }
+}
+
+static PAIRS: Switch = Switch::new();
+
+/// Makes [`bwd_rows_in_step`] take rows in lockstep two at a time (`true`)
+/// or [`ROWS_IN_STEP`] at a time (`false`) at every lockstep width,
+/// overriding the [`profile`] (process-wide; for benchmarks that measure
+/// what it is worth; [`reset_switches`] restores the profile's choice). It
+/// changes only the speed.
+pub fn set_backward_pairs(on: bool) {
+    PAIRS.set(on)
 }
 
 /// Rows the LayerNorm kernels advance together for rows of `row_bytes`:
@@ -236,10 +249,11 @@ pub fn set_narrow_lanes(on: bool) {
     NARROW.set(on)
 }
 
-/// Gives [`overlap`], [`overlap_backward`] and [`narrow_lanes`] back to
-/// the [`profile`]'s defaults after [`set_overlap`] or
-/// [`set_narrow_lanes`].
+/// Gives [`overlap`], [`overlap_backward`], [`narrow_lanes`] and
+/// [`bwd_rows_in_step`] back to the [`profile`]'s defaults after
+/// [`set_overlap`], [`set_narrow_lanes`] or [`set_backward_pairs`].
 pub fn reset_switches() {
     OVERLAP.reset();
     NARROW.reset();
+    PAIRS.reset();
 }
