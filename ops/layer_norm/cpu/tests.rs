@@ -132,6 +132,28 @@ fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
 }
 
 #[test]
+fn backward_pairs_change_no_bits_and_override_the_profile() {
+    let _hold = SEGMENTED.lock();
+    // `reset_switches` also resets what the SIMD tests set.
+    let _simd = SIMD_TESTS.lock();
+    use crate::device::cpu::{bwd_rows_in_step, set_backward_pairs};
+    let mut rng = Rng::new(23);
+    for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
+        set_backward_pairs(true);
+        assert_eq!(bwd_rows_in_step(d * 4), 2, "d={d}");
+        set_backward_pairs(false);
+        assert_eq!(bwd_rows_in_step(d * 4), ROWS_IN_STEP, "d={d}");
+        same_bits_either_way(set_backward_pairs, &case(&mut rng, n, d, 1.5, 0.25), d);
+    }
+    // Rows outside the lockstep range go one at a time either way.
+    set_backward_pairs(true);
+    assert_eq!(bwd_rows_in_step(1024 * 4), 1);
+    reset_switches();
+    let pairs = profile().backward_pairs(16 << 10);
+    assert_eq!(bwd_rows_in_step(16 << 10) == 2, pairs);
+}
+
+#[test]
 fn long_forward_tasks_change_no_bits() {
     let _hold = SEGMENTED.lock();
     use crate::device::cpu::set_long_fwd_tasks;
