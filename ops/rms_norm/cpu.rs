@@ -131,11 +131,14 @@ pub(crate) fn forward<T: Element>(
     d: usize,
     gamma: Option<&[T]>,
     eps: Acc<T>,
-) -> (Buffer<T>, Vec<Acc<T>>) {
+) -> (Buffer<T>, Vec<Acc<T>>)
+where
+    Acc<T>: Element,
+{
     let n = x.len() / d;
     let g = widen(gamma);
     let mut y = Tensor::<T>::scratch(n * d);
-    let mut rstd = vec![Acc::<T>::zero(); n];
+    let mut rstd = vec![<Acc<T> as Zero>::zero(); n];
     let run = match (gamma.is_some(), should_stream::<T>(n * d)) {
         (true, false) => fwd_launch::<T, true, false>,
         (false, false) => fwd_launch::<T, false, false>,
@@ -318,7 +321,7 @@ where
     let n = x.len() / d;
     let g = match gamma {
         Some(_) => widen(gamma),
-        None => vec![<Acc<T> as One>::one(); d],
+        None => Buffer::collect(d, std::iter::repeat(<Acc<T> as One>::one())),
     };
     let rpg = rows_per_group(n, d);
     let mut dx = if want_dx {
@@ -338,7 +341,7 @@ where
     run(x, dy, rstd, &mut dx, &g, d, rpg, &mut parts);
     let dgamma = want_dgamma.then(|| {
         let sums = reduce_partials(&parts, d);
-        Buffer::from_vec(sums.into_iter().map(T::from_acc).collect())
+        Buffer::collect(d, sums.iter().map(|&v| T::from_acc(v)))
     });
     (want_dx.then_some(dx), dgamma)
 }

@@ -526,8 +526,9 @@ pub(crate) fn partial_rows<A: Element>(
 /// Sums the groups' partial rows (`parts`, rows of `width`) in group order,
 /// column block by column block (in parallel for wide rows, on the kernels'
 /// team like their tasks; each column's order is the same).
-pub(crate) fn reduce_partials<A: Accum>(parts: &[A], width: usize) -> Vec<A> {
-    let mut out = vec![A::zero(); width];
+pub(crate) fn reduce_partials<A: Accum + Element>(parts: &[A], width: usize) -> Buffer<A> {
+    let mut out = Buffer::<A>::take(width);
+    out.fill(<A as Zero>::zero());
     const COLS: usize = 4096;
     let sum_cols = |(c, o): (usize, &mut [A])| {
         for p in parts.chunks_exact(width.max(1)) {
@@ -609,7 +610,7 @@ where
     let want_p = want_dgamma || want_dbeta;
     let g = match gamma {
         Some(_) => widen(gamma),
-        None => vec![<Acc<T> as One>::one(); d],
+        None => Buffer::collect(d, std::iter::repeat(<Acc<T> as One>::one())),
     };
     let rpg = rows_per_group(n, d);
     let mut dx = if want_dx {
@@ -631,8 +632,8 @@ where
         let sums = reduce_partials(&parts, 2 * d);
         let (sg, sb) = sums.split_at(d);
         (
-            want_dgamma.then(|| Buffer::from_vec(sg.iter().map(|&v| T::from_acc(v)).collect())),
-            want_dbeta.then(|| Buffer::from_vec(sb.iter().map(|&v| T::from_acc(v)).collect())),
+            want_dgamma.then(|| Buffer::collect(d, sg.iter().map(|&v| T::from_acc(v)))),
+            want_dbeta.then(|| Buffer::collect(d, sb.iter().map(|&v| T::from_acc(v)))),
         )
     } else {
         (None, None)

@@ -275,8 +275,11 @@ pub(crate) struct Forward<T: Element> {
 }
 
 /// Widens an optional parameter row to the accumulation type.
-pub(crate) fn widen<T: Element>(p: Option<&[T]>) -> Vec<Acc<T>> {
-    p.map(|p| p.iter().map(|v| v.to_acc()).collect())
+pub(crate) fn widen<T: Element>(p: Option<&[T]>) -> Buffer<Acc<T>>
+where
+    Acc<T>: Element,
+{
+    p.map(|p| Buffer::collect(p.len(), p.iter().map(|v| v.to_acc())))
         .unwrap_or_default()
 }
 
@@ -344,12 +347,15 @@ pub(crate) fn forward<T: Element>(
     gamma: Option<&[T]>,
     beta: Option<&[T]>,
     eps: Acc<T>,
-) -> Forward<T> {
+) -> Forward<T>
+where
+    Acc<T>: Element,
+{
     let n = x.len() / d;
     let (g, b) = (widen(gamma), widen(beta));
     let mut y = Tensor::<T>::scratch(n * d);
-    let mut mean = vec![Acc::<T>::zero(); n];
-    let mut rstd = vec![Acc::<T>::zero(); n];
+    let mut mean = vec![<Acc<T> as Zero>::zero(); n];
+    let mut rstd = vec![<Acc<T> as Zero>::zero(); n];
     let run = match (gamma.is_some(), beta.is_some(), should_stream::<T>(n * d)) {
         (true, true, false) => fwd_launch::<T, true, true, false>,
         (true, false, false) => fwd_launch::<T, true, false, false>,
