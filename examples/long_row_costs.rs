@@ -12,8 +12,6 @@
 //! with the other core idle, and counts that half's bytes: what one core
 //! can draw through each loop.
 
-use std::time::Instant;
-
 mod common;
 
 #[cfg(target_arch = "x86_64")]
@@ -207,19 +205,13 @@ fn main() {
         let mut rates = vec![Vec::new(); pats.len()];
         for _ in 0..reps {
             for (k, &(_, bytes, f)) in pats.iter().enumerate() {
-                let (c0, c1) = c.split_at_mut(h);
-                let t = Instant::now();
-                std::thread::scope(|s| {
-                    for (k, cc) in [c0, c1].into_iter().enumerate().take(threads) {
-                        let (aa, bb, g) =
-                            (&a[k * h..(k + 1) * h], &b[k * h..(k + 1) * h], &gamma[..]);
-                        // SAFETY: AVX-512 was detected above; `cc` starts
-                        // 64-byte aligned; every slice holds whole rows.
-                        s.spawn(move || unsafe { f(aa, bb, cc, g, d) });
-                    }
+                let secs = common::time_halves(c, threads, |k, cc| {
+                    let (aa, bb) = (&a[k * h..(k + 1) * h], &b[k * h..(k + 1) * h]);
+                    // SAFETY: AVX-512 was detected above; `cc` starts
+                    // 64-byte aligned; every slice holds whole rows.
+                    unsafe { f(aa, bb, cc, &gamma, d) }
                 });
-                let moved = bytes * (h * threads) as f64;
-                rates[k].push(moved / t.elapsed().as_secs_f64() / 1e9);
+                rates[k].push(bytes * (h * threads) as f64 / secs / 1e9);
             }
         }
         let med = |v: &Vec<f64>| common::median(v);

@@ -9,8 +9,6 @@
 //! `cargo run --release --example memory_ceiling -- [--reps K] [N D ...]`
 //! (AVX-512 only; elsewhere it says so and stops).
 
-use std::time::Instant;
-
 mod common;
 
 /// The loop structures: name, bytes per element counted, and the pattern.
@@ -289,17 +287,13 @@ fn main() {
         let mut rates = vec![Vec::new(); pats.len()];
         for _ in 0..reps {
             for (k, &(_, bytes, f)) in pats.iter().enumerate() {
-                let (c0, c1) = c.split_at_mut(h);
-                let t = Instant::now();
-                std::thread::scope(|s| {
-                    for (k, cc) in [c0, c1].into_iter().enumerate() {
-                        let (aa, bb) = (&a[k * h..(k + 1) * h], &b[k * h..(k + 1) * h]);
-                        // SAFETY: AVX-512 was detected above; `cc` starts
-                        // 64-byte aligned (`h` is a multiple of 16).
-                        s.spawn(move || std::hint::black_box(unsafe { f(aa, bb, cc, d) }));
-                    }
+                let secs = common::time_halves(c, 2, |k, cc| {
+                    let (aa, bb) = (&a[k * h..(k + 1) * h], &b[k * h..(k + 1) * h]);
+                    // SAFETY: AVX-512 was detected above; `cc` starts
+                    // 64-byte aligned (`h` is a multiple of 16).
+                    std::hint::black_box(unsafe { f(aa, bb, cc, d) });
                 });
-                rates[k].push(bytes * numel as f64 / t.elapsed().as_secs_f64() / 1e9);
+                rates[k].push(bytes * numel as f64 / secs / 1e9);
             }
         }
         let med = |v: &Vec<f64>| common::median(v);

@@ -19,6 +19,21 @@ pub fn reps_and_shapes(default: &[(usize, usize)]) -> (usize, Vec<(usize, usize)
     (reps, shapes)
 }
 
+/// Seconds for `run(k, half)` on the first `threads` (1 or 2) halves of
+/// `c`, each on a thread of its own (half `k` is `c`'s `k`-th half).
+pub fn time_halves(c: &mut [f32], threads: usize, run: impl Fn(usize, &mut [f32]) + Sync) -> f64 {
+    let h = c.len() / 2;
+    let (c0, c1) = c.split_at_mut(h);
+    let t = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for (k, cc) in [c0, c1].into_iter().enumerate().take(threads) {
+            let run = &run;
+            s.spawn(move || run(k, cc));
+        }
+    });
+    t.elapsed().as_secs_f64()
+}
+
 /// The median of a non-empty list of rates.
 pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
