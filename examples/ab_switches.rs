@@ -8,6 +8,7 @@
 //! ```sh
 //! cargo run --release --example ab_switches -- [--reps R] [--shape NxD]...
 //!     [--switch NAME]   # only the switches whose name contains NAME
+//!     [--with NAME=on|off]...  # hold another switch on or off meanwhile
 //! ```
 //!
 //! "AMD profile" compares the two CPU profiles' defaults (on: AMD's, off:
@@ -48,6 +49,15 @@ const SWITCHES: [Switch; 12] = [
     }),
 ];
 
+/// The one switch whose name contains `name`.
+fn held(name: &str) -> Option<fn(bool)> {
+    let mut hits = SWITCHES.iter().filter(|(n, _)| n.contains(name));
+    match (hits.next(), hits.next()) {
+        (Some(&(_, set)), None) => Some(set),
+        _ => None,
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -56,12 +66,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> fusegrad::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut reps, mut shapes, mut only) = (15usize, Vec::new(), String::new());
+    let mut with: Vec<(fn(bool), bool)> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().map(String::as_str).unwrap_or("");
         match a.as_str() {
             "--reps" => reps = v.parse().unwrap_or(reps),
             "--switch" => only = v.to_string(),
+            "--with" => match v.rsplit_once('=').map(|(n, o)| (held(n), o)) {
+                Some((Some(set), "on" | "off")) => with.push((set, v.ends_with("on"))),
+                _ => eprintln!("bad --with {v:?}, want NAME=on|off (one switch)"),
+            },
             "--shape" => match v.split_once('x').map(|(n, d)| (n.parse(), d.parse())) {
                 Some((Ok(n), Ok(d))) => shapes.push((n, d)),
                 _ => eprintln!("bad --shape {v:?}, want NxD"),
@@ -101,6 +116,9 @@ fn main() -> fusegrad::Result<()> {
         for (name, set) in SWITCHES.into_iter().filter(|(n, _)| n.contains(&only)) {
             // t[on][0 fwd, 1 bwd, 2 both]
             let mut t: [[Vec<f64>; 3]; 2] = Default::default();
+            for (hold, on) in &with {
+                hold(*on);
+            }
             for rep in 0..reps {
                 // Alternate which side goes first, so neither always runs
                 // after the other's step.

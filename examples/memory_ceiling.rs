@@ -262,7 +262,7 @@ fn main() {
         return;
     }
     type Pattern = unsafe fn(&[f32], &[f32], &mut [f32], usize) -> f32;
-    let pats: [(&str, f64, Pattern); 9] = [
+    let pats: [(&str, f64, Pattern); 10] = [
         ("copy (1 read, 1 streamed write)", 8.0, pat::copy),
         ("triad: backward traffic, 1 pass", 12.0, pat::triad),
         ("backward, joined passes", 12.0, pat::bwd::<true, false>),
@@ -272,16 +272,27 @@ fn main() {
         ("forward, one joined loop", 8.0, pat::fwd::<true>),
         ("backward as built (rows in step)", 12.0, pat::bwd_step),
         ("forward as built (rows in step)", 8.0, pat::fwd_step),
+        (
+            "backward, apart, no partials",
+            12.0,
+            pat::bwd::<false, false>,
+        ),
     ];
     let (reps, shapes) = common::reps_and_shapes(&[(16384, 1024), (8192, 4096), (2048, 65536)]);
     for (n, d) in shapes {
         // Whole steps of four rows in each half.
         let (n, d) = (n / 8 * 8, d / 16 * 16);
         let numel = n * d;
-        let (a, b) = (vec![1.0f32; numel], vec![2.0f32; numel]);
-        // Streamed stores need 64-byte alignment; each half starts on one.
-        let mut buf = vec![0f32; numel + 16];
-        let off = buf.as_ptr().align_offset(64);
+        // Every array starts on a page, as the pool's buffers do: large
+        // vectors from `vec!` start 16 bytes past one, so every 64-byte
+        // load would straddle two cache lines (until 2026-12-02 `a` and
+        // `b` did, which cost the two-pass loops a fifth of their rate).
+        let page = |v: &[f32]| v.as_ptr().align_offset(4096);
+        let (a0, b0) = (vec![1.0f32; numel + 1024], vec![2.0f32; numel + 1024]);
+        let (oa, ob) = (page(&a0), page(&b0));
+        let (a, b) = (&a0[oa..oa + numel], &b0[ob..ob + numel]);
+        let mut buf = vec![0f32; numel + 1024];
+        let off = page(&buf);
         let c = &mut buf[off..off + numel];
         let h = numel / 2;
         let mut rates = vec![Vec::new(); pats.len()];

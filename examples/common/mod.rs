@@ -1,3 +1,6 @@
+//! Each example uses a part of this module.
+#![allow(dead_code)]
+
 //! What the loop-structure examples (`memory_ceiling`, `long_row_costs`)
 //! share: their command line and the median of their rates.
 

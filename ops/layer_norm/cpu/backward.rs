@@ -220,8 +220,7 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
     /// the next pass A); 2, `prev`'s then the own.
     #[inline(always)]
     fn mode(&self) -> u8 {
-        if !P || R > 1 {
-            // No partials, or lockstep rows, which never pair: one build.
+        if !P {
             return 0;
         }
         match (self.prev.is_some(), self.own) {
@@ -273,7 +272,7 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     gamma: &'a [Acc<T>],
     d: usize,
     part: &'a mut [Acc<T>],
-    /// Whether single rows pair their partials ([`paired_partials`]), and
+    /// Whether the rows pair their partials ([`paired_partials`]), and
     /// whether pass B may [`prefetch_next`]: the switch is on and rows are
     /// at most 64 KiB, since longer rows' next `x` and `dy` would not fit
     /// in L2 beside this row's, `gamma` and the partials (80 -> 87 ms at
@@ -378,8 +377,8 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
     /// then pass B; with `next`, pass A of rows `i + R..i + 2R` runs inside
     /// pass B, and its sums are returned. The flag beside the sums says
     /// that pass A left its rows' partials to the next pass A (paired
-    /// partials, see [`PassA`]): for single rows only, and only where that
-    /// next pass A exists (`next` here, `after` for rows `i + R..`).
+    /// partials, see [`PassA`]): only where that next pass A exists
+    /// (`next` here, `after` for rows `i + R..`).
     #[inline(always)]
     fn rows<V: Lanes<T>, const R: usize>(
         &mut self,
@@ -390,7 +389,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         (next, after): (bool, bool),
     ) -> Option<(Sums<T, R>, bool)> {
         let d = self.d;
-        let pair = P && R == 1 && self.pair;
+        let pair = P && self.pair;
         let (sums, deferred) = match sums {
             Some(s) => s,
             None => {

@@ -154,6 +154,31 @@ fn backward_pairs_change_no_bits_and_override_the_profile() {
 }
 
 #[test]
+fn paired_partials_change_no_bits() {
+    let _hold = SEGMENTED.lock();
+    let _simd = SIMD_TESTS.lock();
+    use crate::device::cpu::{paired_partials, set_overlap, set_paired_partials};
+    // Pairing needs the joined loop, so the overlap is held on. Rows in
+    // lockstep with odd and even numbers of steps, rows one at a time
+    // past 64 KiB, aligned and not.
+    set_overlap(true);
+    let mut rng = Rng::new(31);
+    for (n, d) in [
+        (7usize, 4096usize),
+        (9, 4096),
+        (6, 16384),
+        (7, 8200),
+        (5, 16_400),
+        (3, 20_003),
+    ] {
+        assert!(paired_partials(d * 4), "d={d}");
+        same_bits_either_way(set_paired_partials, &case(&mut rng, n, d, 2.5, -1.0), d);
+    }
+    assert!(!paired_partials((16 << 10) - 4) && !paired_partials(3072));
+    reset_switches();
+}
+
+#[test]
 fn long_forward_tasks_change_no_bits() {
     let _hold = SEGMENTED.lock();
     use crate::device::cpu::set_long_fwd_tasks;
@@ -250,7 +275,7 @@ fn overlapped_passes_give_the_same_bits_as_separate_ones() {
     let _hold = SEGMENTED.lock();
     // `reset_switches` also resets the lanes that SIMD tests set.
     let _simd = SIMD_TESTS.lock();
-    use crate::device::cpu::{overlap, overlap_backward, set_overlap};
+    use crate::device::cpu::{overlap, overlap_backward, set_overlap, set_profile, Profile};
     let mut rng = Rng::new(17);
     // Streamed (the overlap needs it): short rows one at a time, rows
     // in lockstep with a remainder (two steps, and four, so that a
@@ -258,36 +283,45 @@ fn overlapped_passes_give_the_same_bits_as_separate_ones() {
     // of the one after), rows of unequal alignment (the joined loop
     // falls back to one pass after the other), long rows (the forward
     // keeps its runs apart; the backward overlaps), and rows too short
-    // to overlap. Rows past 64 KiB pair their partials in the backward
-    // (see `PassA`): odd and even row counts end on an unpaired row and
-    // on a pair, aligned (16_400) and not (20_003).
-    for (n, d) in [
-        (5usize, 1000usize),
-        (4, 777),
-        (9, 4096),
-        (17, 4096),
-        (7, 4100),
-        (3, 20_003),
-        (4, 20_003),
-        (2, 16_400),
-        (5, 16_400),
-        (6, 256),
-    ] {
-        set_overlap(true);
-        assert_eq!(overlap(d * 4), d * 4 >= 2048, "d={d}");
-        assert_eq!(overlap_backward(d * 4), d * 4 >= 2048, "d={d}");
-        let (x, dy, g, b) = case(&mut rng, n, d, 1.5, 3.0);
-        let old = stream_threshold();
-        set_stream_threshold(0);
-        set_overlap(false);
-        assert!(!overlap(d * 4) && !overlap_backward(d * 4));
-        let want = outputs(&x, &dy, &g, &b, d);
-        set_overlap(true);
-        let got = outputs(&x, &dy, &g, &b, d);
-        set_stream_threshold(old);
-        assert!(got == want, "n={n} d={d}");
+    // to overlap. Rows of 16 KiB and more pair their partials in the
+    // backward (see `PassA`): odd and even numbers of steps end on an
+    // unpaired step and on a pair, in lockstep (two or four rows a
+    // step, by profile) and one at a time, aligned (16_400) and not
+    // (20_003).
+    for p in [Profile::Intel, Profile::Amd] {
+        set_profile(p);
+        for (n, d) in [
+            (5usize, 1000usize),
+            (4, 777),
+            (9, 4096),
+            (17, 4096),
+            (7, 4096),
+            (13, 4096),
+            (7, 4100),
+            (6, 16384),
+            (3, 20_003),
+            (4, 20_003),
+            (2, 16_400),
+            (5, 16_400),
+            (6, 256),
+        ] {
+            set_overlap(true);
+            assert_eq!(overlap(d * 4), d * 4 >= 2048, "d={d}");
+            assert_eq!(overlap_backward(d * 4), d * 4 >= 2048, "d={d}");
+            let (x, dy, g, b) = case(&mut rng, n, d, 1.5, 3.0);
+            let old = stream_threshold();
+            set_stream_threshold(0);
+            set_overlap(false);
+            assert!(!overlap(d * 4) && !overlap_backward(d * 4));
+            let want = outputs(&x, &dy, &g, &b, d);
+            set_overlap(true);
+            let got = outputs(&x, &dy, &g, &b, d);
+            set_stream_threshold(old);
+            assert!(got == want, "{p} n={n} d={d}");
+        }
     }
     reset_switches();
+    set_profile(Profile::for_vendor(&crate::device::cpu::cpu_vendor()));
 }
 
 #[test]

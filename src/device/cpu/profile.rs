@@ -19,8 +19,8 @@ pub enum Profile {
     /// (`ab_switches`, 21 reps):
     /// - overlapped backward passes: 1.03-1.29 at rows of 512-8192 f32
     ///   (2-32 KiB), 0.97-1.05 at rows of 64-256 KiB; Zen 5 gains at rows
-    ///   past 64 KiB, which now overlap on AMD too (see
-    ///   [`Profile::backward_overlap`]);
+    ///   past 64 KiB and, with paired partials, at rows in lockstep, which
+    ///   now overlap on AMD too (see [`Profile::backward_overlap`]);
     /// - overlapped forward passes of rows taken one at a time: 1.11-1.43
     ///   at rows of 1024-2048, 1.00-1.05 at 512-768; but rows in lockstep
     ///   (16-64 KiB) gain, 0.89-0.98, and keep it;
@@ -51,18 +51,23 @@ impl Profile {
 
     /// Whether the backward overlaps its passes for rows of `row_bytes`
     /// (at least [`OVERLAP_ROW_BYTES`](super::OVERLAP_ROW_BYTES)) by
-    /// default: always on Intel; on AMD only for rows past
-    /// [`STEP_ROW_BYTES`](super::STEP_ROW_BYTES). Measured on AMD Zen 5
-    /// (EPYC, family 26; 1 MiB L2 per core), backward time overlapped over
-    /// not (`ab_switches --switch overlap`, 21-31 reps, seven runs):
-    /// 0.90-0.93 at 4096 x 32768, 0.93-0.96 at 1024 x 131072 and 512 x
-    /// 65536, 0.91-0.98 at 2048 x 65536 (one run of seven 1.03); but
-    /// 1.00-1.03 at 1024 x 16384 (64 KiB rows), 1.09-1.20 at rows of 2-16
-    /// KiB, as on Zen 4.
+    /// default: always on Intel; on AMD for rows in lockstep and longer
+    /// (from [`STEP_ROW_BYTES`](super::STEP_ROW_BYTES)' start), as its
+    /// forward. Measured on AMD Zen 5 (EPYC, family 26; 1 MiB L2 per core),
+    /// backward time overlapped over not: 0.90-0.93 at 4096 x 32768,
+    /// 0.93-0.96 at 1024 x 131072 and 512 x 65536, 0.91-0.98 at
+    /// 2048 x 65536 (`ab_switches --switch overlap`, 21-31 reps, seven
+    /// runs; one of seven 1.03); 1.09-1.20 at rows of 2-16 KiB, as on
+    /// Zen 4. Rows in lockstep overlapped only since their partials pair
+    /// in the joined loop ([`paired_partials`](super::paired_partials),
+    /// 2026-12-02): then 0.88, 0.91 and 0.92 at 1024 x 16384, 0.87, 0.93
+    /// and 0.91 at 2048 x 8192, and 0.92-1.03 at 16-32 KiB rows (median
+    /// 0.96 of eleven runs at 4096 x 4096, 8192 x 4096, 16384 x 4096 and
+    /// 4096 x 8192; 21 reps each).
     pub fn backward_overlap(self, row_bytes: usize) -> bool {
         match self {
             Profile::Intel => true,
-            Profile::Amd => row_bytes > *super::STEP_ROW_BYTES.end(),
+            Profile::Amd => row_bytes >= *super::STEP_ROW_BYTES.start(),
         }
     }
 

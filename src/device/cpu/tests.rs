@@ -190,8 +190,9 @@ fn each_vendor_gets_its_measured_defaults() {
     assert!(intel.forward_overlap(4096) && intel.forward_overlap(16 << 10));
     let amd = Profile::Amd;
     assert!(!amd.narrow_lanes());
-    // On AMD the backward overlaps only rows past 64 KiB.
-    assert!(!amd.backward_overlap(2 << 10) && !amd.backward_overlap(64 << 10));
+    // On AMD the backward overlaps only rows in lockstep and longer.
+    assert!(!amd.backward_overlap(2 << 10) && !amd.backward_overlap((16 << 10) - 4));
+    assert!(amd.backward_overlap(16 << 10) && amd.backward_overlap(64 << 10));
     assert!(amd.backward_overlap((64 << 10) + 4) && amd.backward_overlap(256 << 10));
     // On AMD only rows in lockstep overlap their forward passes.
     assert!(!amd.forward_overlap((16 << 10) - 4));

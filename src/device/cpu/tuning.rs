@@ -187,16 +187,21 @@ pub fn set_paired_partials(on: bool) {
 }
 
 /// Whether the LayerNorm backward, where it [`overlap`]s rows of
-/// `row_bytes` one at a time, adds two rows' dgamma/dbeta partials in one
-/// read-modify-write of the partial row (the second row's pass A adds the
-/// first row's terms, then its own): for rows past [`STEP_ROW_BYTES`],
-/// whose partial row is read and written from L2, not L1, and unless
-/// turned off by [`set_paired_partials`]. Measured here, backward time
-/// with it on over off: 0.96-0.98 at 65536-wide f32 rows; but 1.00 at
-/// 1024 and 1.01-1.06 at 768, whose partial rows sit in L1 anyway.
+/// `row_bytes`, adds two groups of rows' dgamma/dbeta partials in one
+/// read-modify-write of the partial row (the second group's pass A adds the
+/// first group's terms, then its own): for rows in lockstep and longer
+/// (from [`STEP_ROW_BYTES`]' start), whose partial row (32 KiB and up) is
+/// not held in L1 beside the rows, and unless turned off by
+/// [`set_paired_partials`]. Measured here, backward time with it on over
+/// off: 0.96-0.98 at 65536-wide f32 rows; but 1.00 at 1024 and 1.01-1.06
+/// at 768, whose partial rows sit in L1 anyway. Rows in lockstep paired
+/// since 2026-12-02 (AMD Zen 5, overlap held on, `ab_switches --switch
+/// paired --with overlap=on`, 21 reps, two runs): 0.92 and 0.93 at
+/// 1024 x 16384, 0.96 and 0.92 at 2048 x 8192, 1.00 and 0.99 at
+/// 8192 x 4096. What the partials cost at all: `examples/partials_cost`.
 #[inline(always)]
 pub fn paired_partials(row_bytes: usize) -> bool {
-    PAIRED.load(Ordering::Relaxed) && row_bytes > *STEP_ROW_BYTES.end()
+    PAIRED.load(Ordering::Relaxed) && row_bytes >= *STEP_ROW_BYTES.start()
 }
 
 /// The shortest row, in bytes, whose kernels [`overlap`] one group of
@@ -218,7 +223,7 @@ pub fn overlap(row_bytes: usize) -> bool {
 
 /// Whether the LayerNorm backward runs the next rows' pass A inside this
 /// rows' pass B, as [`overlap`] for the forward (on AMD by default only
-/// for rows past [`STEP_ROW_BYTES`]).
+/// for rows in lockstep and longer).
 #[inline(always)]
 pub fn overlap_backward(row_bytes: usize) -> bool {
     row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| profile().backward_overlap(row_bytes))
