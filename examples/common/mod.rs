@@ -1,8 +1,7 @@
-//! Each example uses a part of this module.
+//! What the measuring examples (`memory_ceiling`, `long_row_costs`,
+//! `partials_cost`) share: their command line and the median of their
+//! rates. Each uses a part of it.
 #![allow(dead_code)]
-
-//! What the loop-structure examples (`memory_ceiling`, `long_row_costs`)
-//! share: their command line and the median of their rates.
 
 /// `[--reps K] [N D ...]` from the command line: the reps (11 unless
 /// given) and the shapes (`default` unless at least one pair is given).
