@@ -22,7 +22,7 @@ use std::time::Instant;
 
 type Switch = (&'static str, fn(bool));
 
-const SWITCHES: [Switch; 12] = [
+const SWITCHES: [Switch; 13] = [
     ("team of threads", cpu::set_team),
     ("statistics first", cpu::set_stats_first),
     ("long forward tasks", cpu::set_long_fwd_tasks),
@@ -31,6 +31,7 @@ const SWITCHES: [Switch; 12] = [
     ("prefetch next row", cpu::set_prefetch_next),
     ("overlap passes", cpu::set_overlap),
     ("paired partials", cpu::set_paired_partials),
+    ("interleaved partials", cpu::set_interleaved_partials),
     ("narrow lanes", cpu::set_narrow_lanes),
     ("backward pairs", cpu::set_backward_pairs),
     ("AMD profile", |on| {

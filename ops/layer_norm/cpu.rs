@@ -41,11 +41,11 @@
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
-    bwd_rows_in_step, dispatch_all, each_chunk, each_chunk_in, fence, fold_all, long_fwd_tasks,
-    narrow_lanes, overlap, overlap_backward, paired_partials, prefetch, prefetch_next,
-    prefetch_next_on, rows_in_step, rows_per_chunk, run_each, segmented, should_stream,
-    stats_first, write_rows_ahead, write_rows_with, Kernel, Lanes, ROWS_IN_STEP, STATS_FIRST_ROWS,
-    STEP_ROW_BYTES, UNROLL,
+    bwd_rows_in_step, dispatch_all, each_chunk, each_chunk_in, fence, fold_all,
+    interleaved_partials, long_fwd_tasks, narrow_lanes, overlap, overlap_backward, paired_partials,
+    prefetch, prefetch_next, prefetch_next_on, rows_in_step, rows_per_chunk, run_each, segmented,
+    should_stream, stats_first, write_rows_ahead, write_rows_with, Kernel, Lanes, ROWS_IN_STEP,
+    STATS_FIRST_ROWS, STEP_ROW_BYTES, UNROLL,
 };
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};

@@ -69,14 +69,16 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> Rows<'a, T, V, R> {
     /// Adds the rows' terms at `k` past the last whole chunk to the
     /// partials, row after row.
     #[inline(always)]
-    fn add_tail(&self, pg: &mut [Acc<T>], pb: &mut [Acc<T>], t: usize, n: usize) {
+    fn add_tail(&self, part: &mut [Acc<T>], lay: Layout, t: usize, n: usize) {
         for s in 0..R {
             for k in t..n {
                 let xh = (wide(self.x[s], k) - self.m[s]) * self.r[s];
                 let dyv = wide(self.dy[s], k);
-                if let (Some(pgv), Some(pbv)) = (pg.get_mut(k), pb.get_mut(k)) {
-                    *pgv += dyv * xh;
-                    *pbv += dyv;
+                if let Some(v) = part.get_mut(lay.g(k)) {
+                    *v += dyv * xh;
+                }
+                if let Some(v) = part.get_mut(lay.b(k)) {
+                    *v += dyv;
                 }
             }
         }
@@ -102,6 +104,7 @@ struct PassA<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R
     /// Whether this pass adds its own rows' partials.
     own: bool,
     gamma: &'a [Acc<T>],
+    lay: Layout,
     s1: [[V; UNROLL]; R],
     s2: [[V; UNROLL]; R],
     /// Elements per row that pass A covers (every slice is at least this
@@ -118,17 +121,22 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
         prev: Option<Rows<'a, T, V, R>>,
         own: bool,
         gamma: &'a [Acc<T>],
-        (pg, pb): (&[Acc<T>], &[Acc<T>]),
+        (part_len, lay): (usize, Layout),
     ) -> Self {
         let zero = V::splat(Acc::<T>::zero());
         let n = cur.len().min(gamma.len());
         let n = prev.as_ref().map_or(n, |p| n.min(p.len()));
-        let n = if P { n.min(pg.len()).min(pb.len()) } else { n };
+        let n = match (P, part_len >= lay.len()) {
+            (true, true) => n.min(lay.d),
+            (true, false) => 0,
+            (false, _) => n,
+        };
         PassA {
             cur: cur.head(n),
             prev: prev.map(|p| p.head(n)),
             own: P && own,
             gamma,
+            lay,
             s1: [[zero; UNROLL]; R],
             s2: [[zero; UNROLL]; R],
             n,
@@ -141,25 +149,26 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
     /// to match `own` and `prev` (see [`PassA::mode`]).
     ///
     /// # Safety
-    /// `i + LANES <= self.n`, and `pg`, `pb` (if `P`) at least `self.n`
-    /// long.
+    /// `i` a multiple of `LANES`, `i + LANES <= self.n`, and `part` (if
+    /// `P`) at least `self.lay.len()` long.
     #[inline(always)]
     unsafe fn chunk<const OWN: bool, const PREV: bool>(
         &mut self,
-        pg: &mut [Acc<T>],
-        pb: &mut [Acc<T>],
+        part: &mut [Acc<T>],
         j: usize,
         i: usize,
     ) {
         let zero = V::splat(Acc::<T>::zero());
+        let part_row = part;
         let part = P && (OWN || PREV);
         // SAFETY: the caller's contract; every slice read or written here
         // is at least `n` long.
         unsafe {
             let gam = V::load_acc_at(self.gamma, i);
+            let (gi, bi) = self.lay.chunk(i);
             let (mut pgv, mut pbv) = (zero, zero);
             if part {
-                (pgv, pbv) = (V::load_acc_at(pg, i), V::load_acc_at(pb, i));
+                (pgv, pbv) = (V::load_acc_at(part_row, gi), V::load_acc_at(part_row, bi));
             }
             if let (true, true, Some(p)) = (P, PREV, &self.prev) {
                 for s in 0..R {
@@ -181,22 +190,22 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
                 }
             }
             if part {
-                pgv.store_acc_at(pg, i);
-                pbv.store_acc_at(pb, i);
+                pgv.store_acc_at(part_row, gi);
+                pbv.store_acc_at(part_row, bi);
             }
         }
     }
 
     /// Per row, the sums of `g` and `g * xhat` (zero unless `DX`).
     #[inline(always)]
-    fn finish(self, pg: &mut [Acc<T>], pb: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
-        let (n, gamma) = (self.n, self.gamma);
+    fn finish(self, part: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
+        let (n, gamma, lay) = (self.n, self.gamma, self.lay);
         let t = n / LANES * LANES;
         if let (true, Some(p)) = (P, &self.prev) {
-            p.add_tail(pg, pb, t, n);
+            p.add_tail(part, lay, t, n);
         }
         if self.own {
-            self.cur.add_tail(pg, pb, t, n);
+            self.cur.add_tail(part, lay, t, n);
         }
         let mut out = [(Acc::<T>::zero(), Acc::<T>::zero()); R];
         if !DX {
@@ -232,27 +241,86 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
 
     /// The whole pass.
     #[inline(always)]
-    fn run(mut self, pg: &mut [Acc<T>], pb: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
-        // SAFETY (each closure): `each_chunk` passes `i + LANES <= n`;
-        // `new` made `pg`, `pb` at least `n` long when `P`.
+    fn run(mut self, part: &mut [Acc<T>]) -> [(Acc<T>, Acc<T>); R] {
+        // SAFETY (each closure): `each_chunk` passes multiples of `LANES`
+        // with `i + LANES <= n`; `new` checked `part`'s length when `P`.
         match self.mode() {
             0 => each_chunk(
                 self.n,
                 #[inline(always)]
-                |j, i| unsafe { self.chunk::<true, false>(pg, pb, j, i) },
+                |j, i| unsafe { self.chunk::<true, false>(part, j, i) },
             ),
             1 => each_chunk(
                 self.n,
                 #[inline(always)]
-                |j, i| unsafe { self.chunk::<false, false>(pg, pb, j, i) },
+                |j, i| unsafe { self.chunk::<false, false>(part, j, i) },
             ),
             _ => each_chunk(
                 self.n,
                 #[inline(always)]
-                |j, i| unsafe { self.chunk::<true, true>(pg, pb, j, i) },
+                |j, i| unsafe { self.chunk::<true, true>(part, j, i) },
             ),
         }
-        self.finish(pg, pb)
+        self.finish(part)
+    }
+}
+
+/// Where a partial row of `2d` keeps column `k`'s dgamma and dbeta terms:
+/// as two halves (`k` and `d + k`), or interleaved chunk by chunk (the
+/// chunk at `i` at `2i`, its dbeta terms [`LANES`] after; the columns past
+/// the last whole chunk `t` after all chunks, dgamma at `t + k`, dbeta at
+/// `d + k`), so that pass A reads and writes the partials as one stream of
+/// lines, not two. Only the places differ: each term is added in the same
+/// order either way.
+#[derive(Clone, Copy)]
+pub(crate) struct Layout {
+    d: usize,
+    t: usize,
+    il: bool,
+}
+
+impl Layout {
+    pub(crate) fn new(d: usize, il: bool) -> Self {
+        Layout {
+            d,
+            t: d / LANES * LANES,
+            il,
+        }
+    }
+
+    /// The partial row's length.
+    #[inline(always)]
+    fn len(self) -> usize {
+        2 * self.d
+    }
+
+    /// The slots of the chunk at `i` (a multiple of [`LANES`] below `t`).
+    #[inline(always)]
+    pub(crate) fn chunk(self, i: usize) -> (usize, usize) {
+        if self.il {
+            (2 * i, 2 * i + LANES)
+        } else {
+            (i, self.d + i)
+        }
+    }
+
+    /// Column `k`'s dgamma slot.
+    #[inline(always)]
+    pub(crate) fn g(self, k: usize) -> usize {
+        match (self.il, k < self.t) {
+            (true, true) => k + k / LANES * LANES,
+            (true, false) => self.t + k,
+            (false, _) => k,
+        }
+    }
+
+    /// Column `k`'s dbeta slot.
+    #[inline(always)]
+    pub(crate) fn b(self, k: usize) -> usize {
+        match (self.il, k < self.t) {
+            (true, true) => k + k / LANES * LANES + LANES,
+            _ => self.d + k,
+        }
     }
 }
 
@@ -279,6 +347,8 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     /// 2048 x 65536). Both are set once per task, not per row.
     pair: bool,
     pf_next: bool,
+    /// Where the partial row keeps each column's terms.
+    lay: Layout,
 }
 
 impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
@@ -297,17 +367,16 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
         let d = self.d;
         let part = std::mem::take(&mut self.part);
         part.fill(Acc::<T>::zero());
-        let (pg, pb) = part.split_at_mut(if P { d } else { 0 });
         let n = self.mean.len().min(self.rstd.len());
         let n = n.min(self.x.len().min(self.dy.len()) / d.max(1));
         let fuse = DX && NT && overlap_backward(d * std::mem::size_of::<T>());
         let mut i = 0;
         match bwd_rows_in_step(d * std::mem::size_of::<T>()) {
-            ROWS_IN_STEP => self.steps::<V, ROWS_IN_STEP>(&mut i, n, fuse, (pg, pb)),
-            2 => self.steps::<V, 2>(&mut i, n, fuse, (pg, pb)),
+            ROWS_IN_STEP => self.steps::<V, ROWS_IN_STEP>(&mut i, n, fuse, part),
+            2 => self.steps::<V, 2>(&mut i, n, fuse, part),
             _ => {}
         }
-        self.steps::<V, 1>(&mut i, n, fuse, (pg, pb));
+        self.steps::<V, 1>(&mut i, n, fuse, part);
         fence::<NT>();
     }
 
@@ -326,12 +395,12 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         i: &mut usize,
         n: usize,
         fuse: bool,
-        (pg, pb): (&mut [Acc<T>], &mut [Acc<T>]),
+        part: &mut [Acc<T>],
     ) {
         let mut sums = None;
         while *i + R <= n {
             let (next, after) = (fuse && *i + 2 * R <= n, fuse && *i + 3 * R <= n);
-            sums = self.rows::<V, R>(*i, pg, pb, sums, (next, after));
+            sums = self.rows::<V, R>(*i, part, sums, (next, after));
             *i += R;
         }
     }
@@ -366,11 +435,11 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         i: usize,
         prev: Option<usize>,
         defer: bool,
-        pg: &[Acc<T>],
-        pb: &[Acc<T>],
+        part_len: usize,
     ) -> PassA<'a, T, V, DX, P, R> {
         let prev = prev.map(|k| self.rows_a::<V, R>(k));
-        PassA::new(self.rows_a::<V, R>(i), prev, !defer, self.gamma, (pg, pb))
+        let cur = self.rows_a::<V, R>(i);
+        PassA::new(cur, prev, !defer, self.gamma, (part_len, self.lay))
     }
 
     /// Rows `i..i + R`, in lockstep: pass A (unless `sums` has it already),
@@ -383,8 +452,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
     fn rows<V: Lanes<T>, const R: usize>(
         &mut self,
         i: usize,
-        pg: &mut [Acc<T>],
-        pb: &mut [Acc<T>],
+        part: &mut [Acc<T>],
         sums: Option<(Sums<T, R>, bool)>,
         (next, after): (bool, bool),
     ) -> Option<(Sums<T, R>, bool)> {
@@ -394,7 +462,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
             Some(s) => s,
             None => {
                 let defer = pair && next;
-                let sums = self.pass_a::<V, R>(i, None, defer, pg, pb).run(pg, pb);
+                let sums = self.pass_a::<V, R>(i, None, defer, part.len()).run(part);
                 (sums, defer)
             }
         };
@@ -415,7 +483,8 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
         let (mgv, mgxv) = (splats::<T, V, R>(mg), splats::<T, V, R>(mgx));
         let defer = pair && !deferred && after;
-        let a = next.then(|| self.pass_a::<V, R>(i + R, deferred.then_some(i), defer, pg, pb));
+        let pl = part.len();
+        let a = next.then(|| self.pass_a::<V, R>(i + R, deferred.then_some(i), defer, pl));
         let dxr = rows_at_mut::<T, R>(&mut *self.dx, i, d).map(|v| {
             let k = n.min(v.len());
             &mut v[..k]
@@ -455,13 +524,13 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
             if deferred {
                 // Not reached (rows defer only when `next`), but never lose
                 // the partials.
-                self.pass_a::<V, R>(i, None, false, pg, pb).run(pg, pb);
+                self.pass_a::<V, R>(i, None, false, part.len()).run(part);
             }
             return None;
         };
         // SAFETY (each closure): `write_rows_with` calls it as
-        // `each_chunk(a.n, ..)` would, so `k + LANES <= a.n`; `new` made
-        // `pg`, `pb` that long.
+        // `each_chunk(a.n, ..)` would, so `k` is a multiple of `LANES` and
+        // `k + LANES <= a.n`; `new` checked `part`'s length.
         let n = a.n;
         match a.mode() {
             0 => write_rows_with::<T, V, NT, R>(
@@ -470,7 +539,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
                 sc,
                 n,
                 #[inline(always)]
-                |j, k| unsafe { a.chunk::<true, false>(pg, pb, j, k) },
+                |j, k| unsafe { a.chunk::<true, false>(part, j, k) },
             ),
             1 => write_rows_with::<T, V, NT, R>(
                 dxr,
@@ -478,7 +547,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
                 sc,
                 n,
                 #[inline(always)]
-                |j, k| unsafe { a.chunk::<false, false>(pg, pb, j, k) },
+                |j, k| unsafe { a.chunk::<false, false>(part, j, k) },
             ),
             _ => write_rows_with::<T, V, NT, R>(
                 dxr,
@@ -486,10 +555,10 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
                 sc,
                 n,
                 #[inline(always)]
-                |j, k| unsafe { a.chunk::<true, true>(pg, pb, j, k) },
+                |j, k| unsafe { a.chunk::<true, true>(part, j, k) },
             ),
         }
-        Some((a.finish(pg, pb), defer))
+        Some((a.finish(part), defer))
     }
 }
 
@@ -557,6 +626,7 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
     d: usize,
     rpg: usize,
     parts: &mut [Acc<T>],
+    lay: Layout,
 ) {
     let mut dx_groups = dx.chunks_mut(rpg * d);
     let mut part_rows = parts.chunks_mut(2 * d);
@@ -584,6 +654,7 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
             part: part_rows.next().unwrap_or_default(),
             pair,
             pf_next,
+            lay,
         })
         .collect();
     dispatch_all(jobs);
@@ -626,13 +697,16 @@ where
         (false, false, _) => bwd_launch::<T, false, false, false>,
     };
     let mut parts = partial_rows(want_p, x.len(), (rpg, d), 2 * d);
-    run(x, dy, mean, rstd, &mut dx, &g, d, rpg, &mut parts);
+    let lay = Layout::new(d, interleaved_partials());
+    run(x, dy, mean, rstd, &mut dx, &g, d, rpg, &mut parts, lay);
     let (dgamma, dbeta) = if want_p {
         let sums = reduce_partials(&parts, 2 * d);
-        let (sg, sb) = sums.split_at(d);
+        let out = |slot: fn(Layout, usize) -> usize| {
+            Buffer::collect(d, (0..d).map(|k| T::from_acc(at(&sums, slot(lay, k)))))
+        };
         (
-            want_dgamma.then(|| Buffer::collect(d, sg.iter().map(|&v| T::from_acc(v)))),
-            want_dbeta.then(|| Buffer::collect(d, sb.iter().map(|&v| T::from_acc(v)))),
+            want_dgamma.then(|| out(Layout::g)),
+            want_dbeta.then(|| out(Layout::b)),
         )
     } else {
         (None, None)

@@ -179,6 +179,57 @@ fn paired_partials_change_no_bits() {
 }
 
 #[test]
+fn interleaved_partials_change_no_bits() {
+    let _hold = SEGMENTED.lock();
+    let _simd = SIMD_TESTS.lock();
+    use crate::device::cpu::{set_interleaved_partials, set_paired_partials};
+    // Rows with and without a tail past the last whole chunk, short, in
+    // lockstep and past 64 KiB, with the partials paired and not.
+    let mut rng = Rng::new(37);
+    for paired in [true, false] {
+        set_paired_partials(paired);
+        for (n, d) in [
+            (5usize, 1usize),
+            (9, 15),
+            (6, 17),
+            (70, 100),
+            (7, 4096),
+            (6, 4100),
+            (5, 16_400),
+            (3, 20_003),
+        ] {
+            let c = case(&mut rng, n, d, 2.0, 0.5);
+            same_bits_either_way(set_interleaved_partials, &c, d);
+        }
+    }
+    reset_switches();
+    set_paired_partials(true);
+}
+
+#[test]
+fn partial_layouts_place_every_term_once() {
+    use super::backward::Layout;
+    for d in [1usize, 15, 16, 17, 33, 64, 100, 4096, 4100] {
+        for il in [false, true] {
+            let lay = Layout::new(d, il);
+            let mut seen = vec![0u8; 2 * d];
+            for k in 0..d {
+                seen[lay.g(k)] += 1;
+                seen[lay.b(k)] += 1;
+            }
+            assert!(seen.iter().all(|&c| c == 1), "d={d} interleaved={il}");
+            // A chunk's slots are its first column's, and its columns are
+            // contiguous there.
+            for i in (0..d / LANES * LANES).step_by(LANES) {
+                assert_eq!(lay.chunk(i), (lay.g(i), lay.b(i)), "d={d}");
+                assert_eq!(lay.g(i + LANES - 1), lay.g(i) + LANES - 1, "d={d}");
+                assert_eq!(lay.b(i + LANES - 1), lay.b(i) + LANES - 1, "d={d}");
+            }
+        }
+    }
+}
+
+#[test]
 fn long_forward_tasks_change_no_bits() {
     let _hold = SEGMENTED.lock();
     use crate::device::cpu::set_long_fwd_tasks;

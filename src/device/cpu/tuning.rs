@@ -204,6 +204,22 @@ pub fn paired_partials(row_bytes: usize) -> bool {
     PAIRED.load(Ordering::Relaxed) && row_bytes >= *STEP_ROW_BYTES.start()
 }
 
+static INTERLEAVED: AtomicBool = AtomicBool::new(true);
+
+/// Turns [`interleaved_partials`] on or off (process-wide; for benchmarks
+/// that measure what it is worth). It changes only the speed.
+pub fn set_interleaved_partials(on: bool) {
+    INTERLEAVED.store(on, Ordering::Relaxed)
+}
+
+/// Whether the LayerNorm backward's partial rows hold dgamma and dbeta
+/// interleaved chunk by chunk (one stream of lines) instead of as two
+/// halves.
+#[inline(always)]
+pub fn interleaved_partials() -> bool {
+    INTERLEAVED.load(Ordering::Relaxed)
+}
+
 /// The shortest row, in bytes, whose kernels [`overlap`] one group of
 /// rows' output pass with the next group's first pass. Measured here,
 /// fwd+bwd with it on over off: 0.96 at 768-wide f32 rows, 0.98 at 1024,
