@@ -214,7 +214,10 @@ pub fn set_interleaved_partials(on: bool) {
 
 /// Whether the LayerNorm backward's partial rows hold dgamma and dbeta
 /// interleaved chunk by chunk (one stream of lines) instead of as two
-/// halves.
+/// halves `2d` values apart. Measured on the Zen 5 (2026-12-02,
+/// `ab_switches`, 21-41 reps, five runs), backward time on over off:
+/// 0.95-1.01 at 8192 x 4096, 0.94-1.03 at 1024 x 16384, 0.96-0.98 at
+/// 2048 x 8192, 0.99-1.01 at 2048 x 65536. The bits are the same.
 #[inline(always)]
 pub fn interleaved_partials() -> bool {
     INTERLEAVED.load(Ordering::Relaxed)
