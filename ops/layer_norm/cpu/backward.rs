@@ -159,16 +159,15 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
         i: usize,
     ) {
         let zero = V::splat(Acc::<T>::zero());
-        let part_row = part;
-        let part = P && (OWN || PREV);
-        // SAFETY: the caller's contract; every slice read or written here
-        // is at least `n` long.
+        let rmw = P && (OWN || PREV);
+        // SAFETY: the caller's contract; every row slice is at least `n`
+        // long, and the chunk's slots lie below `lay.len()` (`i < n <= d`).
         unsafe {
             let gam = V::load_acc_at(self.gamma, i);
             let (gi, bi) = self.lay.chunk(i);
             let (mut pgv, mut pbv) = (zero, zero);
-            if part {
-                (pgv, pbv) = (V::load_acc_at(part_row, gi), V::load_acc_at(part_row, bi));
+            if rmw {
+                (pgv, pbv) = (V::load_acc_at(part, gi), V::load_acc_at(part, bi));
             }
             if let (true, true, Some(p)) = (P, PREV, &self.prev) {
                 for s in 0..R {
@@ -189,9 +188,9 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
                     pbv = pbv.add(dyv);
                 }
             }
-            if part {
-                pgv.store_acc_at(part_row, gi);
-                pbv.store_acc_at(part_row, bi);
+            if rmw {
+                pgv.store_acc_at(part, gi);
+                pbv.store_acc_at(part, bi);
             }
         }
     }
