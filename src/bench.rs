@@ -189,11 +189,11 @@ fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
 
 /// Untimed steps at most before a shape's timed reps; fewer once a step
 /// faults in no page. One was not enough when a shape ran first in its
-/// process: at 2048 x 65536 the first step's buffers fill the pool, the
-/// parameter-gradient partials (16 MiB) find it full of `y` and `dx` and
-/// go back to glibc, which then raises its mmap threshold, so the second
-/// step takes them from a heap that must grow: 519 faults in the first
-/// timed rep, none after, read as 103.8 faults per step over five reps.
+/// process: at 2048 x 65536 the first step's `y` and `dx` fill the pool
+/// and evict the 16 MiB of dgamma/dbeta partial rows to glibc, which then
+/// raises its mmap threshold, so the second step takes them from a heap
+/// that must grow: 519 faults in the first timed rep, none after, read as
+/// 103.8 faults per step over five reps.
 pub const WARM_STEPS_MAX: usize = 4;
 
 /// Measures one shape: fused forward, backward and the copy interleaved,
