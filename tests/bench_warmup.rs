@@ -2,7 +2,7 @@
 //! process is warmed up until its steps fault in no page. Its own test
 //! binary, because the fault count is the whole process's.
 
-use fusegrad::bench;
+include!("common/faults.rs");
 
 /// 2048 x 65536 f32: `y` and `dx` (512 MiB each) fill the pool, so the
 /// 16 MiB of dgamma/dbeta partial rows go back to glibc after the first
@@ -12,9 +12,7 @@ const SHAPE: (usize, usize) = (2048, 65536);
 #[test]
 fn a_shape_run_first_is_measured_warm() {
     let (n, d) = SHAPE;
-    let row = bench::measure(n, d, 0.01, false).expect("bench");
-    let Some(faults) = row.faults_per_step else {
-        eprintln!("skipped: this OS reports no page-fault counts (/proc/self/stat)");
+    let Some((row, faults)) = measure_faults(n, d) else {
         return;
     };
     // One warm-up step left the second step's 519 faults in the timed
