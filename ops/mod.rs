@@ -1,24 +1,19 @@
 //! Every differentiable op. Each op's forward and local chain rule sit side
 //! by side in its own file (or folder, for ops with device kernels).
 
-mod util;
-
-mod activation;
-mod binary;
+pub(crate) mod elementwise;
 mod loss;
 mod matmul;
-mod reduce;
+pub(crate) mod reduce;
 mod shape_ops;
 mod softmax;
-mod unary;
 
 pub mod layer_norm;
 mod layer_norm_composed;
 pub mod rms_norm;
 mod rms_norm_composed;
 
-pub use activation::*;
-pub use binary::*;
+pub use elementwise::*;
 pub use layer_norm::*;
 pub use layer_norm_composed::*;
 pub use loss::*;
@@ -28,4 +23,3 @@ pub use rms_norm::*;
 pub use rms_norm_composed::*;
 pub use shape_ops::*;
 pub use softmax::*;
-pub use unary::*;

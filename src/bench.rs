@@ -18,6 +18,9 @@
 //! (a copy of only `N * D` elements would fit in a cache that `x`, `y`,
 //! `dy` and `dx` together do not).
 
+mod prims;
+pub use prims::{measure_prims, run_prims, PrimRow, PRIM_HEADER, PRIM_SHAPES};
+
 use crate::device::cpu;
 use crate::dtype::Element;
 use crate::error::Result;

@@ -78,11 +78,20 @@ fn benchmark(all: bool, json: bool) -> Result<()> {
         (&QUICK_SHAPES, 0.3)
     };
     if json {
-        println!("{}", bench::run(shapes, budget, true)?.json());
+        // The LayerNorm report's object, with the primitives' rows added.
+        let ln = bench::run(shapes, budget, true)?.json();
+        let prims: Vec<String> = bench::run_prims(budget)?.iter().map(|r| r.json()).collect();
+        let body = ln.strip_suffix('}').unwrap_or(&ln);
+        println!("{body},\"primitives\":[{}]}}", prims.join(","));
         return Ok(());
     }
     section("Benchmark: fused LayerNorm fwd+bwd vs same-run copy and composed twin (f32)");
     println!("{}", bench::run(shapes, budget, true)?);
+    section("Benchmark: primitive ops vs a same-run copy or read of their bytes (f32)");
+    println!("{}", bench::PRIM_HEADER);
+    for r in bench::run_prims(budget)? {
+        println!("{r}");
+    }
     if !all {
         println!("(`cargo run --release -- bench` runs all eight shapes; see docs/performance.md)");
     }

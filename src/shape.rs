@@ -5,7 +5,6 @@
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-use num_traits::Zero;
 
 /// Element count of `shape`, or `ShapeTooLarge` if it (or its byte size for
 /// an element of `elem_bytes`) overflows. A shape with a zero dim has no
@@ -215,11 +214,13 @@ pub fn sum_to_shape<T: Element>(
             rhs: target.to_vec(),
         });
     }
-    let mut acc = alloc_filled(op, target, T::Acc::zero())?;
-    let dst_strides = broadcast_strides(target, grad.shape());
-    let g = grad.as_slice()?;
-    for_each_offset(grad.shape(), &dst_strides, |i, o| acc[o] += g[i].to_acc());
-    Tensor::from_vec(target.to_vec(), acc.into_iter().map(T::from_acc).collect())
+    // Leading dims the target lacks, and its size-1 dims where the
+    // gradient's are wider, are summed over.
+    let lead = grad.rank() - target.len();
+    let red: Vec<bool> = (0..grad.rank())
+        .map(|d| d < lead || (target[d - lead] == 1 && grad.shape()[d] != 1))
+        .collect();
+    crate::ops::reduce::sum_kernel(grad, &red, None, target)
 }
 
 #[cfg(test)]

@@ -78,17 +78,45 @@ impl std::fmt::Debug for Dims {
     }
 }
 
+/// Where a tensor's elements live. The device of a tensor is read from
+/// here and nowhere else, so data and device cannot disagree.
+pub(crate) enum Storage<T: Element> {
+    /// Host memory: a pooled, 64-byte aligned buffer.
+    Cpu(Buffer<T>),
+}
+
+impl<T: Element> Storage<T> {
+    /// Number of elements.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Storage::Cpu(b) => b.len(),
+        }
+    }
+
+    /// The device holding the elements.
+    pub(crate) fn device(&self) -> Device {
+        match self {
+            Storage::Cpu(_) => Device::Cpu,
+        }
+    }
+}
+
 /// An n-dimensional array on a device. It knows nothing of autodiff.
 #[derive(Clone)]
 pub struct Tensor<T: Element> {
     shape: Dims,
-    data: Arc<Buffer<T>>,
-    device: Device,
+    data: Arc<Storage<T>>,
 }
 
 impl<T: Element> std::fmt::Debug for Tensor<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor<{}>{:?} on {}", T::NAME, self.shape, self.device)
+        write!(
+            f,
+            "Tensor<{}>{:?} on {}",
+            T::NAME,
+            self.shape,
+            self.device()
+        )
     }
 }
 
@@ -105,8 +133,7 @@ impl<T: Element> Tensor<T> {
         }
         Ok(Tensor {
             shape: Dims::from_vec(shape),
-            data: Arc::new(Buffer::from_vec(data)),
-            device: Device::Cpu,
+            data: Arc::new(Storage::Cpu(Buffer::from_vec(data))),
         })
     }
 
@@ -129,8 +156,7 @@ impl<T: Element> Tensor<T> {
         }
         Ok(Tensor {
             shape: Dims::from_slice(shape),
-            data: Arc::new(data),
-            device: Device::Cpu,
+            data: Arc::new(Storage::Cpu(data)),
         })
     }
 
@@ -153,8 +179,7 @@ impl<T: Element> Tensor<T> {
         };
         Tensor {
             shape,
-            data: Arc::new(data),
-            device: Device::Cpu,
+            data: Arc::new(Storage::Cpu(data)),
         }
     }
 
@@ -162,8 +187,7 @@ impl<T: Element> Tensor<T> {
     pub fn scalar(v: T) -> Self {
         Tensor {
             shape: Dims::from_slice(&[]),
-            data: Arc::new(Buffer::from_vec(vec![v])),
-            device: Device::Cpu,
+            data: Arc::new(Storage::Cpu(Buffer::from_vec(vec![v]))),
         }
     }
 
@@ -227,25 +251,36 @@ impl<T: Element> Tensor<T> {
         self.data.len() * std::mem::size_of::<T>()
     }
 
-    /// The device the data lives on.
+    /// The device the data lives on (read from the storage).
     pub fn device(&self) -> Device {
-        self.device
+        self.data.device()
     }
 
-    /// The values, row-major, when the tensor is on the CPU.
+    /// The storage, for the device-level kernels to match on.
+    pub(crate) fn storage(&self) -> &Storage<T> {
+        &self.data
+    }
+
+    /// The values, row-major. Host data only: a tensor on any other device
+    /// is an error (copy it with [`Tensor::to_device`] first).
     pub fn as_slice(&self) -> Result<&[T]> {
-        match self.device {
-            Device::Cpu => Ok(&self.data),
-            d => d.ensure_available().map(|_| &self.data[..]),
+        match &*self.data {
+            Storage::Cpu(b) => Ok(b),
         }
     }
 
-    /// Moves the tensor to `device`. Every CUDA device is
-    /// `Err(CudaUnavailable)` in this build (there is no CUDA backend yet);
-    /// nothing panics.
+    /// A copy on `device`; the same tensor (shared storage, no copy) when
+    /// it is already there. A device this build or machine cannot use is
+    /// `Err(CudaUnavailable)`; nothing panics.
     pub fn to_device(&self, device: Device) -> Result<Self> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
         device.ensure_available()?;
-        Ok(self.clone())
+        Err(Error::InvalidArgument {
+            op: "Tensor::to_device",
+            msg: format!("no copy path from {} to {device}", self.device()),
+        })
     }
 
     /// Same data, new shape with the same element count.
@@ -261,7 +296,6 @@ impl<T: Element> Tensor<T> {
         Ok(Tensor {
             shape: Dims::from_slice(shape),
             data: self.data.clone(),
-            device: self.device,
         })
     }
 
@@ -284,16 +318,19 @@ impl<T: Element> Tensor<T> {
         Arc::as_ptr(&self.data) as usize
     }
 
-    /// Takes the storage out as a vector, copying only if it is shared (a
-    /// kernel's aligned output is moved to the front of its allocation).
-    pub fn into_vec(self) -> Vec<T> {
+    /// Takes the values out as a host vector, copying only if the storage
+    /// is shared (a kernel's aligned output is moved to the front of its
+    /// allocation). Host data only, like [`Tensor::as_slice`].
+    pub fn into_vec(self) -> Result<Vec<T>> {
         match Arc::try_unwrap(self.data) {
-            Ok(b) => b.into_vec(),
-            Err(a) => {
-                let mut v = T::pool().take(a.len());
-                v.copy_from_slice(&a);
-                v
-            }
+            Ok(Storage::Cpu(b)) => Ok(b.into_vec()),
+            Err(a) => match &*a {
+                Storage::Cpu(b) => {
+                    let mut v = T::pool().take(b.len());
+                    v.copy_from_slice(b);
+                    Ok(v)
+                }
+            },
         }
     }
 }

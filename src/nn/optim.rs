@@ -79,7 +79,10 @@ fn rewrite<T: Element>(
     mut f: impl FnMut(usize, T::Acc, T::Acc) -> T::Acc,
 ) -> Result<()> {
     let shape = p.shape().to_vec();
-    let mut data = std::mem::replace(p, Tensor::scalar(T::zero())).into_vec();
+    // Host data only; checked before `p` is taken apart, so an error leaves
+    // the parameter as it was.
+    p.as_slice()?;
+    let mut data = std::mem::replace(p, Tensor::scalar(T::zero())).into_vec()?;
     for (i, (w, &gi)) in data.iter_mut().zip(g.as_slice()?).enumerate() {
         *w = T::from_acc(f(i, w.to_acc(), gi.to_acc()));
     }

@@ -3,13 +3,12 @@
 //! nothing: `exp`, `sqrt` and `rsqrt` keep their output (the derivative is a
 //! function of it), `powi` and `log` keep their input.
 
-use super::util::{map, zip};
-use crate::dtype::{Accum, Element};
+use super::{binary, unary, Binary, Unary};
+use crate::dtype::Element;
 use crate::error::Result;
 use crate::op::Op;
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
-use num_traits::{Float, Zero};
 
 /// `y = -x`; `dx = -g`.
 struct Neg;
@@ -21,10 +20,10 @@ impl<T: Element> Op<T> for Neg {
         "neg"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, ())> {
-        Ok((map(x[0], |v| -v)?, ()))
+        Ok((unary(Unary::Neg, x[0])?, ()))
     }
     fn backward(&self, _: &(), g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        Ok(vec![Some(map(g, |v| -v)?)])
+        Ok(vec![Some(unary(Unary::Neg, g)?)])
     }
 }
 
@@ -38,8 +37,7 @@ impl<T: Element> Op<T> for ScalarAdd {
         "scalar_add"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, ())> {
-        let c = T::Acc::of(self.0);
-        Ok((map(x[0], |v| v + c)?, ()))
+        Ok((unary(Unary::AddScalar(self.0), x[0])?, ()))
     }
     fn backward(&self, _: &(), g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
         Ok(vec![Some(g.clone())])
@@ -56,12 +54,10 @@ impl<T: Element> Op<T> for ScalarMul {
         "scalar_mul"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, ())> {
-        let c = T::Acc::of(self.0);
-        Ok((map(x[0], |v| v * c)?, ()))
+        Ok((unary(Unary::MulScalar(self.0), x[0])?, ()))
     }
     fn backward(&self, _: &(), g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let c = T::Acc::of(self.0);
-        Ok(vec![Some(map(g, |v| v * c)?)])
+        Ok(vec![Some(unary(Unary::MulScalar(self.0), g)?)])
     }
 }
 
@@ -75,21 +71,11 @@ impl<T: Element> Op<T> for Powi {
         "powi"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let n = self.0;
-        Ok((map(x[0], |v| v.powi(n))?, x[0].clone()))
+        Ok((unary(Unary::Powi(self.0), x[0])?, x[0].clone()))
     }
     fn backward(&self, x: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let n = self.0;
-        let nf = T::Acc::of(n as f64);
-        let d = match n {
-            0 => map(g, |_| T::Acc::zero())?,
-            // x^(n-1) overflows the exponent type only for n = i32::MIN.
-            _ => match n.checked_sub(1) {
-                Some(m) => zip(g, x, |g, x| g * nf * x.powi(m))?,
-                None => zip(g, x, |g, x| g * nf * x.powi(n) / x)?,
-            },
-        };
-        Ok(vec![Some(d)])
+        // For n = i32::MIN, where n - 1 overflows, the kind forms x^n / x.
+        Ok(vec![Some(binary("powi", Binary::PowiGrad(self.0), g, x)?)])
     }
 }
 
@@ -103,12 +89,11 @@ impl<T: Element> Op<T> for Sqrt {
         "sqrt"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let y = map(x[0], |v| v.sqrt())?;
+        let y = unary(Unary::Sqrt, x[0])?;
         Ok((y.clone(), y))
     }
     fn backward(&self, y: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let two = T::Acc::of(2.0);
-        Ok(vec![Some(zip(g, y, |g, y| g / (two * y))?)])
+        Ok(vec![Some(binary("sqrt", Binary::SqrtGrad, g, y)?)])
     }
 }
 
@@ -123,13 +108,11 @@ impl<T: Element> Op<T> for Rsqrt {
         "rsqrt"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let one = T::Acc::of(1.0);
-        let y = map(x[0], |v| one / v.sqrt())?;
+        let y = unary(Unary::Rsqrt, x[0])?;
         Ok((y.clone(), y))
     }
     fn backward(&self, y: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let half = T::Acc::of(0.5);
-        Ok(vec![Some(zip(g, y, |g, y| -half * g * y * y * y)?)])
+        Ok(vec![Some(binary("rsqrt", Binary::RsqrtGrad, g, y)?)])
     }
 }
 
@@ -143,11 +126,11 @@ impl<T: Element> Op<T> for Exp {
         "exp"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let y = map(x[0], |v| v.exp())?;
+        let y = unary(Unary::Exp, x[0])?;
         Ok((y.clone(), y))
     }
     fn backward(&self, y: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        Ok(vec![Some(zip(g, y, |g, y| g * y)?)])
+        Ok(vec![Some(binary("exp", Binary::Mul, g, y)?)])
     }
 }
 
@@ -161,10 +144,10 @@ impl<T: Element> Op<T> for Log {
         "log"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        Ok((map(x[0], |v| v.ln())?, x[0].clone()))
+        Ok((unary(Unary::Log, x[0])?, x[0].clone()))
     }
     fn backward(&self, x: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        Ok(vec![Some(zip(g, x, |g, x| g / x)?)])
+        Ok(vec![Some(binary("log", Binary::Div, g, x)?)])
     }
 }
 

@@ -9,11 +9,12 @@
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::op::Op;
-use crate::shape::{
-    alloc_filled, broadcast_strides, checked_numel, for_each_offset, normalize_axes,
-};
+mod cpu;
+
+use super::elementwise::{unary_to, Unary};
+use crate::shape::{alloc_filled, checked_numel, normalize_axes};
 use crate::tape::{Tape, Var};
-use crate::tensor::Tensor;
+use crate::tensor::{Storage, Tensor};
 use num_traits::Zero;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -33,9 +34,8 @@ struct Reduce {
     out_shape: Vec<usize>,
     /// Number of input elements folded into each output element.
     count: usize,
-    /// True when the reduced axes are exactly the trailing ones, so each
-    /// output element is the sum of one contiguous chunk.
-    trailing: bool,
+    /// Per input axis, whether it is reduced.
+    red: Vec<bool>,
 }
 
 impl Reduce {
@@ -59,12 +59,7 @@ impl Reduce {
                 out_shape.push(n);
             }
         }
-        // `axes` is sorted and unique, so it is trailing iff it ends at rank-1
-        // and is contiguous.
-        let trailing = axes
-            .iter()
-            .enumerate()
-            .all(|(i, &a)| a == shape.len() - axes.len() + i);
+        let red = (0..shape.len()).map(|d| axes.contains(&d)).collect();
         // The output's element count is checked here, before any work.
         checked_numel(name, &out_shape, 1)?;
         // For an empty input the reduced dims' product may overflow; the
@@ -84,27 +79,9 @@ impl Reduce {
             keep_shape,
             out_shape,
             count,
-            trailing,
+            red,
         })
     }
-}
-
-/// Sum of a contiguous run in eight lanes (vectorizes, and keeps the
-/// rounding error of long runs lower than one running sum).
-fn sum_run<T: Element>(xs: &[T]) -> T::Acc {
-    let mut lanes = [T::Acc::zero(); 8];
-    let mut chunks = xs.chunks_exact(8);
-    for c in &mut chunks {
-        for (l, v) in lanes.iter_mut().zip(c) {
-            *l += v.to_acc();
-        }
-    }
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(T::Acc::zero(), |s, v| s + v.to_acc());
-    let [a, b, c, d, e, f, g, h] = lanes;
-    ((a + b) + (c + d)) + ((e + f) + (g + h)) + tail
 }
 
 impl<T: Element> Op<T> for Reduce {
@@ -123,7 +100,6 @@ impl<T: Element> Op<T> for Reduce {
                 rhs: self.in_shape.clone(),
             });
         }
-        let xs = x[0].as_slice()?;
         if self.count == 0 {
             // Reducing over nothing: sums are 0, means 0/0 = NaN (as NumPy).
             // The output can be far larger than the (empty) input, so it is
@@ -136,44 +112,34 @@ impl<T: Element> Op<T> for Reduce {
             let out = alloc_filled(self.name, &self.out_shape, T::from_acc(v))?;
             return Ok((Tensor::from_vec(self.out_shape.clone(), out)?, ()));
         }
-        let sums: Vec<T::Acc> = if xs.is_empty() {
-            Vec::new()
-        } else if self.trailing {
-            xs.chunks_exact(self.count).map(sum_run).collect()
-        } else {
-            let mut acc = alloc_filled(self.name, &self.keep_shape, T::Acc::zero())?;
-            let src = broadcast_strides(&self.keep_shape, &self.in_shape);
-            for_each_offset(&self.in_shape, &src, |i, o| acc[o] += xs[i].to_acc());
-            acc
-        };
-        let v = match self.kind {
-            Kind::Sum => sums.into_iter().map(T::from_acc).collect(),
-            Kind::Mean => {
-                let n = T::Acc::of(self.count as f64);
-                sums.into_iter().map(|s| T::from_acc(s / n)).collect()
-            }
-        };
-        Ok((Tensor::from_vec(self.out_shape.clone(), v)?, ()))
+        let div = (self.kind == Kind::Mean).then_some(self.count);
+        Ok((sum_kernel(x[0], &self.red, div, &self.out_shape)?, ()))
     }
 
-    /// `dx_i = g_{out(i)}` (sum) or `g_{out(i)} / n` (mean): `g` read with
-    /// stride 0 along the reduced axes. Dropping size-1 axes does not change
-    /// row-major order, so `g` is read as if it had `keep_shape`.
+    /// `dx_i = g_{out(i)}` (sum) or `g_{out(i)} / n` (mean): `g` read as if
+    /// it had `keep_shape` (dropping size-1 axes does not change row-major
+    /// order) and broadcast back over the reduced axes.
     fn backward(&self, _: &(), g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let gs = g.as_slice()?;
-        let n = checked_numel(self.name, &self.in_shape, std::mem::size_of::<T>())?;
-        let mut v = Vec::with_capacity(n);
-        let src = broadcast_strides(&self.keep_shape, &self.in_shape);
-        match self.kind {
-            Kind::Sum => for_each_offset(&self.in_shape, &src, |_, o| v.push(gs[o])),
-            Kind::Mean => {
-                let c = T::Acc::of(self.count as f64);
-                for_each_offset(&self.in_shape, &src, |_, o| {
-                    v.push(T::from_acc(gs[o].to_acc() / c))
-                })
-            }
-        }
-        Ok(vec![Some(Tensor::from_vec(self.in_shape.clone(), v)?)])
+        let g = g.reshape(&self.keep_shape)?;
+        let k = match self.kind {
+            Kind::Sum => Unary::Copy,
+            Kind::Mean => Unary::DivScalar(self.count as f64),
+        };
+        Ok(vec![Some(unary_to(self.name, k, &g, &self.in_shape)?)])
+    }
+}
+
+/// `x` summed over the axes where `red` is set (each sum divided by `div`
+/// when given), shaped `out`: the device-level reduction kernel.
+pub(crate) fn sum_kernel<T: Element>(
+    x: &Tensor<T>,
+    red: &[bool],
+    div: Option<usize>,
+    out: &[usize],
+) -> Result<Tensor<T>> {
+    let div = div.map(|n| T::Acc::of(n as f64));
+    match x.storage() {
+        Storage::Cpu(xs) => Tensor::from_vec(out.to_vec(), cpu::sum(xs, x.shape(), red, div)),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Broadcasting binary arithmetic: add, sub, mul, div. Each backward returns
 //! gradients in the broadcast output shape; the tape sums them back.
 
-use super::util::broadcast_zip;
+use super::{binary as bz, unary, Binary as K, Unary};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::op::Op;
@@ -35,10 +35,10 @@ impl<T: Element> Op<T> for Binary {
         let name = <Self as Op<T>>::name(self);
         let (a, b) = (x[0], x[1]);
         let (y, keep) = match self.0 {
-            Kind::Add => (broadcast_zip(name, a, b, |p, q| p + q)?, false),
-            Kind::Sub => (broadcast_zip(name, a, b, |p, q| p - q)?, false),
-            Kind::Mul => (broadcast_zip(name, a, b, |p, q| p * q)?, true),
-            Kind::Div => (broadcast_zip(name, a, b, |p, q| p / q)?, true),
+            Kind::Add => (bz(name, K::Add, a, b)?, false),
+            Kind::Sub => (bz(name, K::Sub, a, b)?, false),
+            Kind::Mul => (bz(name, K::Mul, a, b)?, true),
+            Kind::Div => (bz(name, K::Div, a, b)?, true),
         };
         Ok((y, keep.then(|| (a.clone(), b.clone()))))
     }
@@ -55,22 +55,21 @@ impl<T: Element> Op<T> for Binary {
         needs: &[bool],
     ) -> Result<Vec<Option<Tensor<T>>>> {
         let name = <Self as Op<T>>::name(self);
-        let neg = || super::util::map(g, |v| -v);
-        let bz = |t: &Tensor<T>, f: fn(T::Acc, T::Acc) -> T::Acc| broadcast_zip(name, g, t, f);
+        let neg = || unary(Unary::Neg, g);
         let need = |i: usize| needs.get(i).copied().unwrap_or(true);
         Ok(match (self.0, s) {
             (Kind::Add, _) => vec![Some(g.clone()), Some(g.clone())],
             (Kind::Sub, _) => vec![Some(g.clone()), need(1).then(neg).transpose()?],
             (Kind::Mul, Some((a, b))) => vec![
-                need(0).then(|| bz(b, |g, b| g * b)).transpose()?,
-                need(1).then(|| bz(a, |g, a| g * a)).transpose()?,
+                need(0).then(|| bz(name, K::Mul, g, b)).transpose()?,
+                need(1).then(|| bz(name, K::Mul, g, a)).transpose()?,
             ],
             (Kind::Div, Some((a, b))) => {
                 // g / b in the output shape (g's), shared by both gradients.
-                let gb = bz(b, |g, b| g / b)?;
+                let gb = bz(name, K::Div, g, b)?;
                 let db = if need(1) {
-                    let y = broadcast_zip(name, a, b, |a, b| a / b)?;
-                    Some(broadcast_zip(name, &gb, &y, |q, y| -(q * y))?)
+                    let y = bz(name, K::Div, a, b)?;
+                    Some(bz(name, K::NegMul, &gb, &y)?)
                 } else {
                     None
                 };

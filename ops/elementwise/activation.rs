@@ -4,13 +4,12 @@
 //! it); relu keeps one bit per element (where the input was positive); gelu
 //! keeps its input.
 
-use super::util::{map, zip};
-use crate::dtype::{Accum, Element};
+use super::{binary, relu_backward, relu_forward, unary, Binary, Unary};
+use crate::dtype::Element;
 use crate::error::Result;
 use crate::op::Op;
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
-use num_traits::{Float, Zero};
 
 /// `y = tanh x`; `dy/dx = 1 - y^2`, so `dx = g (1 - y^2)`.
 struct Tanh;
@@ -22,28 +21,17 @@ impl<T: Element> Op<T> for Tanh {
         "tanh"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let y = map(x[0], |v| v.tanh())?;
+        let y = unary(Unary::Tanh, x[0])?;
         Ok((y.clone(), y))
     }
     fn backward(&self, y: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let one = T::Acc::of(1.0);
-        Ok(vec![Some(zip(g, y, |g, y| g * (one - y * y))?)])
+        Ok(vec![Some(binary("tanh", Binary::TanhGrad, g, y)?)])
     }
 }
 
-/// `sigma(x) = 1 / (1 + e^-x)`, evaluated as `e^x / (1 + e^x)` for negative
-/// `x` so that `e^-x` never overflows.
-fn sigmoid_acc<A: Accum>(x: A) -> A {
-    let one = A::one();
-    if x >= A::zero() {
-        one / (one + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (one + e)
-    }
-}
-
-/// `y = sigma(x)`; `dy/dx = y (1 - y)`, so `dx = g y (1 - y)`.
+/// `y = sigma(x) = 1 / (1 + e^-x)`, evaluated as `e^x / (1 + e^x)` for
+/// negative `x` so that `e^-x` never overflows; `dy/dx = y (1 - y)`, so
+/// `dx = g y (1 - y)`.
 struct Sigmoid;
 
 impl<T: Element> Op<T> for Sigmoid {
@@ -53,12 +41,11 @@ impl<T: Element> Op<T> for Sigmoid {
         "sigmoid"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let y = map(x[0], sigmoid_acc)?;
+        let y = unary(Unary::Sigmoid, x[0])?;
         Ok((y.clone(), y))
     }
     fn backward(&self, y: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let one = T::Acc::of(1.0);
-        Ok(vec![Some(zip(g, y, |g, y| g * y * (one - y))?)])
+        Ok(vec![Some(binary("sigmoid", Binary::SigmoidGrad, g, y)?)])
     }
 }
 
@@ -77,52 +64,10 @@ impl<T: Element> Op<T> for Relu {
         "relu"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Mask)> {
-        let xs = x[0].as_slice()?;
-        let zero = T::zero();
-        let mut v = Vec::with_capacity(xs.len());
-        let mut mask = Vec::with_capacity(xs.len().div_ceil(8));
-        for chunk in xs.chunks(8) {
-            let mut bits = 0u8;
-            for (j, &a) in chunk.iter().enumerate() {
-                let a_acc = a.to_acc();
-                let pass = a_acc > T::Acc::zero() || a_acc.is_nan();
-                bits |= u8::from(pass) << j;
-                v.push(if pass { a } else { zero });
-            }
-            mask.push(bits);
-        }
-        Ok((Tensor::from_vec(x[0].shape().to_vec(), v)?, mask))
+        relu_forward(x[0])
     }
     fn backward(&self, mask: &Mask, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let gs = g.as_slice()?;
-        let zero = T::zero();
-        let v = gs
-            .iter()
-            .enumerate()
-            .map(|(i, &gv)| if get_bit(mask, i) { gv } else { zero })
-            .collect();
-        Ok(vec![Some(Tensor::from_vec(g.shape().to_vec(), v)?)])
-    }
-}
-
-fn get_bit(mask: &[u8], i: usize) -> bool {
-    mask.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
-}
-
-/// sqrt(2 / pi).
-const GELU_K: f64 = 0.797_884_560_802_865_4;
-/// The cubic coefficient of the tanh approximation.
-const GELU_A: f64 = 0.044_715;
-
-/// `(sigma(v), sigma(-v))` from one exponential, each without cancellation.
-fn sigmoid_pair<A: Accum>(v: A) -> (A, A) {
-    let one = A::one();
-    let e = (-v.abs()).exp();
-    let (big, small) = (one / (one + e), e / (one + e));
-    if v >= A::zero() {
-        (big, small)
-    } else {
-        (small, big)
+        Ok(vec![Some(relu_backward(mask, g)?)])
     }
 }
 
@@ -146,30 +91,11 @@ impl<T: Element> Op<T> for Gelu {
         "gelu"
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let (k, a, two) = consts::<T::Acc>();
-        let y = map(x[0], |x| x * sigmoid_acc(two * k * (x + a * x * x * x)))?;
-        Ok((y, x[0].clone()))
+        Ok((unary(Unary::GeluTanh, x[0])?, x[0].clone()))
     }
     fn backward(&self, x: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let (k, a, two) = consts::<T::Acc>();
-        let (one, three) = (T::Acc::of(1.0), T::Acc::of(3.0));
-        let d = zip(g, x, |g, x| {
-            let (s, s_neg) = sigmoid_pair(two * k * (x + a * x * x * x));
-            let ss = s * s_neg;
-            let tail = if ss == T::Acc::zero() {
-                T::Acc::zero()
-            } else {
-                two * x * ss * k * (one + three * a * x * x)
-            };
-            g * (s + tail)
-        })?;
-        Ok(vec![Some(d)])
+        Ok(vec![Some(binary("gelu", Binary::GeluTanhGrad, g, x)?)])
     }
-}
-
-/// `(k, a, 2)` in the accumulation type.
-fn consts<A: Accum>() -> (A, A, A) {
-    (A::of(GELU_K), A::of(GELU_A), A::of(2.0))
 }
 
 /// `tanh(x)`.

@@ -1,0 +1,178 @@
+//! Elementwise ops: unary arithmetic, broadcasting binary arithmetic and
+//! activations. Each op's forward and chain rule sit in `unary.rs`,
+//! `binary.rs` or `activation.rs`; they reach data only through the
+//! device-level kernels below, which take a kind (what to compute per
+//! element) and pick the device's loops with one `match` on the storage.
+
+mod activation;
+mod binary;
+pub(crate) mod cpu;
+mod unary;
+
+pub use activation::*;
+pub use binary::*;
+pub use unary::*;
+
+use crate::device::pool::Buffer;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::shape::{alloc_filled, broadcast_shapes};
+use crate::tensor::{Storage, Tensor};
+
+/// A function of one value, evaluated in the accumulation type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Unary {
+    /// `x`.
+    Copy,
+    /// `-x`.
+    Neg,
+    /// `x + c`.
+    AddScalar(f64),
+    /// `c x`.
+    MulScalar(f64),
+    /// `x / c`.
+    DivScalar(f64),
+    /// `x^n`.
+    Powi(i32),
+    /// `sqrt x`.
+    Sqrt,
+    /// `1 / sqrt x`.
+    Rsqrt,
+    /// `e^x`.
+    Exp,
+    /// `ln x`.
+    Log,
+    /// `tanh x`.
+    Tanh,
+    /// `1 / (1 + e^-x)`, without overflow.
+    Sigmoid,
+    /// `x sigma(2 k (x + a x^3))`: GELU, tanh approximation.
+    GeluTanh,
+}
+
+/// A function of two values. For the chain-rule kinds the first is the
+/// output gradient `g` and the second what the op saved.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Binary {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a b`.
+    Mul,
+    /// `a / b`.
+    Div,
+    /// `-(a b)`.
+    NegMul,
+    /// `g n x^(n-1)` (0 for `n = 0`): the slope of `x^n`.
+    PowiGrad(i32),
+    /// `g / (2 y)` for `y = sqrt x`.
+    SqrtGrad,
+    /// `-g y^3 / 2` for `y = 1 / sqrt x`.
+    RsqrtGrad,
+    /// `g (1 - y^2)` for `y = tanh x`.
+    TanhGrad,
+    /// `g y (1 - y)` for `y = sigma(x)`.
+    SigmoidGrad,
+    /// `g` times the slope of the tanh-approximation GELU at `x`.
+    GeluTanhGrad,
+}
+
+/// `k` applied to every element of `x`.
+pub(crate) fn unary<T: Element>(k: Unary, x: &Tensor<T>) -> Result<Tensor<T>> {
+    match x.storage() {
+        Storage::Cpu(xs) => Tensor::from_buffer(x.shape(), cpu::unary(k, xs)),
+    }
+}
+
+/// `k` applied to `x` broadcast to `shape` (NumPy rules; `x` must
+/// broadcast to exactly `shape`).
+pub(crate) fn unary_to<T: Element>(
+    op: &'static str,
+    k: Unary,
+    x: &Tensor<T>,
+    shape: &[usize],
+) -> Result<Tensor<T>> {
+    if x.shape() == shape {
+        return unary(k, x);
+    }
+    if broadcast_shapes(op, x.shape(), shape)? != shape {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: x.shape().to_vec(),
+            rhs: shape.to_vec(),
+        });
+    }
+    let mut dst = output::<T>(op, shape)?;
+    match x.storage() {
+        Storage::Cpu(xs) => cpu::unary_broadcast(k, xs, x.shape(), shape, &mut dst),
+    }
+    Tensor::from_buffer(shape, dst)
+}
+
+/// `k(a, b)` elementwise with NumPy broadcasting.
+pub(crate) fn binary<T: Element>(
+    op: &'static str,
+    k: Binary,
+    a: &Tensor<T>,
+    b: &Tensor<T>,
+) -> Result<Tensor<T>> {
+    check_devices(op, a, b)?;
+    let out = if a.shape() == b.shape() {
+        a.shape().to_vec()
+    } else {
+        broadcast_shapes(op, a.shape(), b.shape())?
+    };
+    let mut dst = if out == a.shape() {
+        Buffer::take(a.numel())
+    } else if out == b.shape() {
+        Buffer::take(b.numel())
+    } else {
+        output::<T>(op, &out)?
+    };
+    match (a.storage(), b.storage()) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => {
+            cpu::binary(k, (x, a.shape()), (y, b.shape()), &out, &mut dst)
+        }
+    }
+    Tensor::from_buffer(&out, dst)
+}
+
+/// Relu's output and the bit mask of where its gradient passes.
+pub(crate) fn relu_forward<T: Element>(x: &Tensor<T>) -> Result<(Tensor<T>, Vec<u8>)> {
+    match x.storage() {
+        Storage::Cpu(xs) => {
+            let (y, mask) = cpu::relu_forward(xs);
+            Ok((Tensor::from_buffer(x.shape(), y)?, mask))
+        }
+    }
+}
+
+/// `g` where `mask` (from [`relu_forward`]) passes, else 0.
+pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &Tensor<T>) -> Result<Tensor<T>> {
+    match g.storage() {
+        Storage::Cpu(gs) => Tensor::from_buffer(g.shape(), cpu::relu_backward(mask, gs)),
+    }
+}
+
+/// A buffer for an output of `shape` that may be far larger than any
+/// input: its size is checked and its memory asked for fallibly.
+fn output<T: Element>(op: &'static str, shape: &[usize]) -> Result<Buffer<T>> {
+    Ok(Buffer::from_vec(alloc_filled(op, shape, T::zero())?))
+}
+
+/// Both operands on one device, or `DeviceMismatch` naming the op.
+pub(crate) fn check_devices<T: Element>(
+    op: &'static str,
+    a: &Tensor<T>,
+    b: &Tensor<T>,
+) -> Result<()> {
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch {
+            op,
+            lhs: a.device().to_string(),
+            rhs: b.device().to_string(),
+        });
+    }
+    Ok(())
+}
