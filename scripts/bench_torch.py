@@ -6,14 +6,14 @@ does not. Install it into a separate environment, for example
 
     python3 -m venv /work/torchenv && /work/torchenv/bin/pip install torch
 
-then run `fusegrad bench --json > fg.json` (or the bench example) and, right
-after, `/work/torchenv/bin/python scripts/bench_torch.py --fusegrad fg.json`.
+then run `fusegrad bench --json > fg.json` (or the bench probe,
+`cargo bench --features probes --bench bench -- --json`) and, right after, `/work/torchenv/bin/python scripts/bench_torch.py --fusegrad fg.json`.
 
 On a shared machine the two runs can land in different spells of load. With
 `--rounds K` the script instead alternates, shape by shape, a run of the
-bench example (`--fusegrad-bin`, built by `cargo build --release --example
-bench`) on that one shape and the PyTorch timing, K times, and reports every
-round's ratio and their median.
+bench probe on that one shape (`cargo bench --features probes --bench bench`
+from the current directory, or the binary given by `--fusegrad-bin`) and the
+PyTorch timing, K times, and reports every round's ratio and their median.
 
 PyTorch runs with 2 threads and its default CPU allocator (glibc malloc), as
 most users run it. Forward records the graph (grad mode on), as fusegrad's
@@ -64,10 +64,14 @@ def measure(n, d, budget):
             "gbps": min_bytes / (fwd_s + bwd_s) / 1e9}
 
 
+BENCH_PROBE = ["cargo", "bench", "-q", "--features", "probes", "--bench", "bench", "--"]
+
+
 def fusegrad_time(binary, n, d, budget):
-    """fwd + bwd seconds of one run of the bench example on one shape."""
-    out = subprocess.run([binary, "--json", "--no-composed", "--budget", str(budget),
-                          "--shape", f"{n}x{d}"], check=True, capture_output=True, text=True)
+    """fwd + bwd seconds of one run of the bench probe on one shape."""
+    cmd = [binary] if binary else BENCH_PROBE
+    out = subprocess.run(cmd + ["--json", "--no-composed", "--budget", str(budget),
+                                "--shape", f"{n}x{d}"], check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)["shapes"][0]
     return r["fwd_s"] + r["bwd_s"]
 
@@ -93,8 +97,8 @@ def main():
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--rounds", type=int, default=0,
                     help="alternate fusegrad and torch this many times per shape")
-    ap.add_argument("--fusegrad-bin", default="target/release/examples/bench",
-                    help="the bench example, for --rounds")
+    ap.add_argument("--fusegrad-bin", default="",
+                    help="a built bench probe (default: run it through cargo bench), for --rounds")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.rounds > 0:

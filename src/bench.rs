@@ -132,7 +132,7 @@ fn reps_for(probe_s: f64, budget_s: f64, lo: usize, hi: usize) -> usize {
 const COPY_WAYS: [(usize, bool); 3] = [(0, false), (64 * 1024, false), (0, true)];
 
 /// Copies whose source and destination together take at most this many
-/// bytes give each of the [`COPY_WAYS`] a pair of buffers of its own.
+/// bytes give each of the three ways of copying a pair of buffers of its own.
 pub const OWN_PAIRS_MAX_BYTES: usize = 1 << 30;
 
 /// How many source/destination pairs the copy of a shape uses, for a
@@ -408,10 +408,12 @@ pub fn tape_overhead(len: usize, reps: usize) -> Result<f64> {
 pub struct Report {
     /// Rayon threads the kernels ran on.
     pub threads: usize,
-    /// The instruction set the f32 kernels ran with.
-    pub simd: crate::device::cpu::Simd,
-    /// The CPU profile whose speed defaults the kernels ran with.
-    pub profile: crate::device::cpu::Profile,
+    /// The instruction set the f32 kernels ran with ("AVX-512", "AVX2" or
+    /// "portable").
+    pub simd: String,
+    /// The CPU profile whose speed defaults the kernels ran with ("Intel"
+    /// or "AMD").
+    pub profile: String,
     /// Outputs of at least this many bytes were written with streaming stores.
     pub stream_bytes: usize,
     /// One row per shape, in the order asked for.
@@ -433,9 +435,9 @@ pub fn run(shapes: &[(usize, usize)], budget_s: f64, composed: bool) -> Result<R
     let tape_s_per_op = tape_overhead(TAPE_CHAIN, 51)?;
     Ok(Report {
         threads: rayon::current_num_threads(),
-        simd: crate::device::cpu::simd(),
-        profile: crate::device::cpu::profile(),
-        stream_bytes: crate::device::cpu::stream_threshold(),
+        simd: cpu::simd().to_string(),
+        profile: cpu::profile().to_string(),
+        stream_bytes: cpu::stream_threshold(),
         rows,
         tape_len: TAPE_CHAIN,
         tape_s_per_op,
@@ -527,6 +529,78 @@ mod tests {
                 assert_eq!(src, dst, "pair {k} of {count}");
             }
         }
+    }
+
+    /// Set in the process that [`in_own_process`] starts.
+    const OWN_PROCESS: &str = "FUSEGRAD_TEST_OWN_PROCESS";
+
+    /// Whether this is the process [`in_own_process`] started. If not,
+    /// runs the test `name` (of this module) alone in a fresh process of
+    /// this test binary and checks that it passed. For tests that count
+    /// the whole process's page faults or flip process-wide switches,
+    /// which the other tests of this binary, running alongside, would
+    /// disturb or be disturbed by.
+    fn in_own_process(name: &str) -> bool {
+        if std::env::var_os(OWN_PROCESS).is_some() {
+            return true;
+        }
+        let path = module_path!().split_once("::").map_or("", |(_, p)| p);
+        let test = format!("{path}::{name}");
+        let exe = std::env::current_exe().expect("this test binary");
+        let out = std::process::Command::new(exe)
+            .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+            .env(OWN_PROCESS, "1")
+            .output()
+            .expect("run the test in a process of its own");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{test}:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("1 passed"), "{test} did not run:\n{stdout}");
+        eprint!("{stderr}");
+        false
+    }
+
+    /// [`measure`] of `n x d` (no composed twin, a short budget), with its
+    /// faults per step; `None`, after saying so, where the OS counts no
+    /// faults.
+    fn measure_faults(n: usize, d: usize) -> Option<(Row, f64)> {
+        let row = measure(n, d, 0.01, false).expect("bench");
+        let Some(faults) = row.faults_per_step else {
+            eprintln!("skipped: this OS reports no page-fault counts (/proc/self/stat)");
+            return None;
+        };
+        Some((row, faults))
+    }
+
+    /// A warm training step faults in no fresh pages: its large outputs
+    /// come from the buffer pool. In a process of its own, because the
+    /// fault count is the whole process's and the pool's switch is
+    /// process-wide. 8192 x 1152 f32: 36 MiB outputs, past glibc's largest
+    /// mmap threshold (32 MiB), so without the pool every step maps them
+    /// afresh.
+    #[test]
+    fn a_warm_step_faults_in_no_fresh_pages_and_one_without_the_pool_does() {
+        if !in_own_process("a_warm_step_faults_in_no_fresh_pages_and_one_without_the_pool_does") {
+            return;
+        }
+        let (n, d) = (8192, 1152);
+        let Some((pooled, with)) = measure_faults(n, d) else {
+            return;
+        };
+        crate::device::pool::set_enabled(false);
+        let (_, without) = measure_faults(n, d).expect("counted once, counted twice");
+        crate::device::pool::set_enabled(true);
+        // Two 36 MiB outputs a step: 18432 faults in 4 KiB pages, 36 in 2 MiB
+        // ones. A warm step may still touch a few fresh heap pages (small
+        // vectors come from the allocator), but not an output's.
+        assert!(without > 30.0, "unpooled: {without} faults per step");
+        assert!(
+            with < 64.0 && with * 20.0 < without,
+            "pooled: {with} faults per step ({} reps), unpooled {without}",
+            pooled.reps
+        );
     }
 
     #[test]

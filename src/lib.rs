@@ -22,6 +22,21 @@ pub mod tolerance;
 #[path = "../ops/mod.rs"]
 pub mod ops;
 
+/// The CPU kernels' speed switches and the buffer pool's, for the
+/// developer probes in `benches/` (`cargo bench --features probes --bench
+/// NAME`). Not part of the library's API: only with the `probes` feature,
+/// and free to change with the kernels.
+#[cfg(feature = "probes")]
+pub mod probes {
+    pub use crate::device::cpu::{
+        cpu_vendor, reset_switches, set_backward_pairs, set_interleaved_partials, set_lockstep,
+        set_long_fwd_tasks, set_narrow_lanes, set_overlap, set_paired_partials, set_prefetch_next,
+        set_profile, set_segmented, set_simd_limit, set_stats_first, set_stream_threshold,
+        set_team, Profile, Simd, DEFAULT_STREAM_BYTES,
+    };
+    pub use crate::device::pool::{fresh, set_enabled as set_pool_enabled, set_huge_pages};
+}
+
 pub use device::Device;
 pub use dtype::{Accum, Element};
 pub use error::{Error, Result};

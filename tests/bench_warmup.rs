@@ -2,7 +2,16 @@
 //! process is warmed up until its steps fault in no page. Its own test
 //! binary, because the fault count is the whole process's.
 
-include!("common/faults.rs");
+/// `bench::measure` of `n x d` (no composed twin, a short budget), with its
+/// faults per step; `None`, after saying so, where the OS counts no faults.
+fn measure_faults(n: usize, d: usize) -> Option<(fusegrad::bench::Row, f64)> {
+    let row = fusegrad::bench::measure(n, d, 0.01, false).expect("bench");
+    let Some(faults) = row.faults_per_step else {
+        eprintln!("skipped: this OS reports no page-fault counts (/proc/self/stat)");
+        return None;
+    };
+    Some((row, faults))
+}
 
 /// 2048 x 65536 f32: `y` and `dx` (512 MiB each) fill the pool, so the
 /// 16 MiB of dgamma/dbeta partial rows go back to glibc after the first

@@ -3,7 +3,8 @@
 //! `ops/layer_norm/cpu.rs`): forward tasks are chunks of `rows_per_chunk(d)`
 //! rows, backward tasks are groups of chunks with one dgamma partial row
 //! each, summed in group order, so results are bitwise identical for any
-//! thread count and instruction set. Sums run in 8 lanes, in `T::Acc`.
+//! thread count and instruction set. Sums run in [`LANES`] lanes, in
+//! `T::Acc`.
 
 use crate::device::cpu::{
     dispatch_all, each_chunk, fence, fold_all, prefetch, rows_per_chunk, should_stream, write_row,

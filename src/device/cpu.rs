@@ -25,6 +25,10 @@
 //! the tasks, `tuning` the speed switches and thresholds, `write` the row
 //! writers, and `tests` their unit tests.
 
+// The `probes` feature re-exports some items of this module, whose docs
+// link to the kernels' crate-private helpers.
+#![allow(rustdoc::private_intra_doc_links)]
+
 use crate::dtype::Element;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -175,19 +179,15 @@ where
 
 /// How far ahead (in bytes) the first pass over a row prefetches. The
 /// hardware prefetcher stops at 4 KiB page boundaries; asking for the line
-/// a page ahead keeps a read stream going across them. Measured here on
-/// rows of 128 to 4096 f32: 0.59 to 0.72-0.81 of a memcpy's rate for a
-/// bare forward kernel.
+/// a page ahead keeps a read stream going across them.
 pub(crate) const PREFETCH_AHEAD: usize = 4096;
 
 /// Hints that `s[i..]`'s line [`PREFETCH_AHEAD`]` / R` bytes ahead will be
 /// read soon, for one of `R` rows read in lockstep: the bytes asked for
 /// ahead of all the streams together stay the same whatever `R` is, so
-/// the lines run ahead do not crowd L1 out. Measured here, lockstep rows
-/// (`R` = 4) prefetching 1 KiB over 4 KiB ahead: backward time 0.89-0.92 at
-/// 8192 x 4096 and 0.95-0.96 at 1024 x 16384, forward 0.98-0.99. The
-/// address may lie past the end of `s` (a prefetch never faults and the
-/// pointer is never dereferenced).
+/// the lines run ahead do not crowd L1 out. The address may lie past the
+/// end of `s` (a prefetch never faults and the pointer is never
+/// dereferenced).
 #[inline(always)]
 pub(crate) fn prefetch<T, const R: usize>(s: &[T], i: usize) {
     #[cfg(target_arch = "x86_64")]
@@ -206,13 +206,14 @@ static PREFETCH_NEXT: AtomicBool = AtomicBool::new(true);
 
 /// Turns [`prefetch_next`] on or off (process-wide; for benchmarks that
 /// measure what it is worth). It changes only the speed.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_prefetch_next(on: bool) {
     PREFETCH_NEXT.store(on, Ordering::Relaxed)
 }
 
 /// Whether [`prefetch_next`] is on. Kernels read it once per task, not in
-/// their loops: read per 64-byte chunk, the atomic load and its branch kept
-/// LLVM from taking the test out of the output pass.
+/// their loops: in a loop, the atomic load and its branch keep LLVM from
+/// taking the test out of the output pass.
 #[inline(always)]
 pub(crate) fn prefetch_next_on() -> bool {
     PREFETCH_NEXT.load(Ordering::Relaxed)
@@ -221,8 +222,7 @@ pub(crate) fn prefetch_next_on() -> bool {
 /// Hints that `s[stride + i..]`'s line will be read soon, into L2. The
 /// output pass over a row calls it with `stride` = the row length, so that
 /// the next row's reads go out alongside this row's writes instead of after
-/// them (measured here: 0.6-0.7 of a copy's rate without it at rows of 1-16
-/// KiB). The address may lie past the end of `s` (a prefetch never faults
+/// them. The address may lie past the end of `s` (a prefetch never faults
 /// and the pointer is never dereferenced). Callers check
 /// [`prefetch_next_on`] first.
 #[inline(always)]
@@ -262,16 +262,23 @@ mod write;
 #[cfg(test)]
 pub(crate) static SIMD_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+#[cfg(test)]
+pub(crate) use lanes::best_simd;
+#[cfg(any(test, feature = "probes"))]
+pub use lanes::set_simd_limit;
 #[cfg(target_arch = "x86_64")]
 use lanes::x86;
-pub use lanes::{best_simd, set_simd_limit, simd, Simd};
 pub(crate) use lanes::{is_f32, Lanes, Portable};
+pub use lanes::{simd, Simd};
+pub use profile::profile;
 use profile::Switch;
-pub use profile::{cpu_vendor, profile, set_profile, Profile};
+#[cfg(any(test, feature = "probes"))]
+pub use profile::{cpu_vendor, set_profile, Profile};
 pub(crate) use team::run_each;
+#[cfg(feature = "probes")]
+pub use team::set_team;
 #[cfg(test)]
-use team::run_tasks;
-pub use team::{set_team, SPIN, YIELD};
+use team::{run_tasks, SPIN, YIELD};
 pub use tuning::*;
 pub use write::stream_copy;
 pub(crate) use write::{write_row, write_rows_ahead, write_rows_with};

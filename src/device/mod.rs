@@ -1,8 +1,8 @@
 //! Where tensors live. The CPU is always present; CUDA is reported as
 //! unavailable until the CUDA backend lands.
 
-pub mod cpu;
-pub mod pool;
+pub(crate) mod cpu;
+pub(crate) mod pool;
 
 use crate::error::{Error, Result};
 

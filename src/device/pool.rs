@@ -1,7 +1,7 @@
 //! A cache of large host buffers.
 //!
 //! Fresh allocations above glibc's mmap threshold come back as new pages, and
-//! touching each page costs a fault: on a 64 MB output that is slower than
+//! touching each page costs a fault: on a large output that is slower than
 //! the kernel itself. Large tensor buffers are therefore recycled: when a
 //! tensor's storage drops, its vector goes back here, and the next request
 //! for the same length reuses it. Small buffers go straight to the allocator.
@@ -14,6 +14,10 @@
 //!
 //! Fresh large buffers ask Linux for transparent huge pages ([`fresh`]).
 
+// The `probes` feature re-exports some items of this module, whose docs
+// link to its crate-private ones.
+#![allow(rustdoc::private_intra_doc_links)]
+
 use crate::dtype::Element;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -23,6 +27,7 @@ static ENABLED: AtomicBool = AtomicBool::new(true);
 /// Turns buffer recycling on or off for every element type (on by default).
 /// Off, [`Pool::take`] allocates and [`Pool::give`] frees: a process-wide
 /// switch for benchmarks that measure what the pool is worth.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed)
 }
@@ -36,6 +41,7 @@ static HUGE: AtomicBool = AtomicBool::new(true);
 
 /// Turns [`fresh`]'s request for huge pages on or off (on by default; a
 /// process-wide switch for benchmarks that measure what it is worth).
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_huge_pages(on: bool) {
     HUGE.store(on, Ordering::Relaxed)
 }
@@ -92,17 +98,15 @@ fn advise_huge(ptr: *mut u8, bytes: usize) {
 #[cfg(not(target_os = "linux"))]
 fn advise_huge(_: *mut u8, _: usize) {}
 
-/// Buffers smaller than this are never cached. It was 1 MiB; but glibc
-/// also maps fresh pages for blocks from 128 KiB up (its starting mmap
-/// threshold), and at 128 x 1024 f32 (512 KiB outputs) a call then spent
-/// more time in page faults than in the kernel: fwd 20-27 us pooled
-/// against 53-54 us fresh, bwd 26-39 us against 63 us.
+/// Buffers smaller than this are never cached. It lies below glibc's
+/// starting mmap threshold (128 KiB): blocks from there up come back as
+/// fresh pages, and a call on outputs of that size would spend more time
+/// in page faults than in the kernel.
 pub const MIN_POOLED_BYTES: usize = 64 << 10;
 /// Upper bound on the bytes the cache keeps alive.
 pub const MAX_CACHED_BYTES: usize = 1 << 30;
-/// At most this many buffers are kept per element type (64 since buffers
-/// from 64 KiB are pooled, so that a step's many mid-sized tensors do not
-/// evict its large ones).
+/// At most this many buffers are kept per element type: enough that a
+/// step's many mid-sized tensors do not evict its large ones.
 pub const MAX_BUFFERS: usize = 64;
 /// Buffers under `1 / SMALL_PART` of the cache's limit (64 MiB by default)
 /// are evicted first, the oldest of them first; then the oldest of the
@@ -110,25 +114,17 @@ pub const MAX_BUFFERS: usize = 64;
 /// evicting a large one still in use is not kept.
 /// Faulting a small buffer in again costs little, and a training step
 /// whose buffers overrun the limit by a little should lose a little, not
-/// one of its large outputs. With the oldest first whatever the size, a
-/// 2048 x 65536 f32 step (`y` and `dx` of 512 MiB each, 17 MiB of partials
-/// and parameter gradients) evicted `dx` on every step, and its backward
-/// faulted 131072 fresh pages: 1.7 ns per element instead of 0.6.
+/// one of its large outputs.
 pub const SMALL_PART: usize = 16;
 /// A cached buffer is stale once this many requests for pooled buffers
 /// have passed since it was given back or its length last asked for
 /// (twice what the cache can hold: a step that uses a buffer asks for it
-/// again well within that). A small buffer may evict a stale large one.
-/// Without that, the large buffers of a finished workload stayed for
-/// good: after the composed LayerNorm at 1024 x 16384 had filled the
-/// cache with 64 MiB buffers, the fused 512 x 2048 step (4 MiB `y` and
-/// `dx`) faulted 2016 pages on every step and ran 6 times as long.
+/// again well within that). A small buffer may evict a stale large one,
+/// so that the large buffers of a finished workload do not stay for good.
 pub const STALE_TAKES: u64 = 2 * MAX_BUFFERS as u64;
 /// The slack a [`Buffer`] takes beyond its length to start 64-byte
-/// aligned. The cache's byte limit allows it per buffer: without that, two
-/// 512 MiB outputs (`y` and `dx` of 2048 x 65536 f32) overran 1 GiB by 128
-/// bytes, so every step evicted one and faulted 512 MiB of fresh pages in
-/// again.
+/// aligned. The cache's byte limit allows it per buffer, so that outputs
+/// that fill the limit exactly (two of half of it each) both stay.
 pub const SLACK_BYTES: usize = 64;
 
 /// The cached buffers, oldest first, each with the request count at which
@@ -258,11 +254,8 @@ impl<T: Element> Default for Pool<T> {
 /// start 64-byte aligned: the allocator hands out large blocks 16 bytes
 /// past a page, and rows that start off a cache line make the streamed
 /// output pass write each row's first and last partial line with plain
-/// scalar stores (at 128-wide f32 rows, one line in eight). Measured here,
-/// fwd+bwd time with 64-byte aligned outputs over the allocator's: 0.65-0.78
-/// at 32768 x 128, 0.73-0.78 at 65536 x 256, 0.86-0.93 at 16384 x 1024,
-/// 0.98-0.99 at 8192 x 4096. A user's vector ([`Buffer::from_vec`]) is kept
-/// as it is.
+/// scalar stores (at 128-wide f32 rows, one line in eight). A user's
+/// vector ([`Buffer::from_vec`]) is kept as it is.
 #[doc(hidden)]
 pub struct Buffer<T: Element> {
     v: Vec<T>,

@@ -342,8 +342,8 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     /// Whether the rows pair their partials ([`paired_partials`]), and
     /// whether pass B may [`prefetch_next`]: the switch is on and rows are
     /// at most 64 KiB, since longer rows' next `x` and `dy` would not fit
-    /// in L2 beside this row's, `gamma` and the partials (80 -> 87 ms at
-    /// 2048 x 65536). Both are set once per task, not per row.
+    /// in L2 beside this row's, `gamma` and the partials. Both are set once
+    /// per task, not per row.
     pair: bool,
     pf_next: bool,
     /// Where the partial row keeps each column's terms.
@@ -490,7 +490,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         });
         // The next rows' `x` and `dy` are fetched a row ahead only for
         // outputs large enough to stream (smaller data is in cache anyway,
-        // and the prefetches cost 5-10% at 512 x 2048), where `pf_next`
+        // and the prefetches only cost time there), where `pf_next`
         // allows it, and not when the next rows' pass A runs alongside (it
         // reads them).
         let ahead = !next && NT && self.pf_next;
@@ -570,13 +570,8 @@ pub(crate) struct Backward<T: Element> {
 
 /// The backward groups' partial rows, if `want`: one row of `width` per
 /// group of `rpg` rows of `d` in `len` elements, in one buffer from the
-/// pool (each task zeroes its own row); else none. As
-/// fresh vectors, the 32 partial rows of 512 KiB at 2048 x 65536 f32
-/// faulted 16 MiB of new pages into every backward call. Measured here,
-/// backward time pooled over fresh (21 reps, interleaved, two runs):
-/// 0.91-0.94 at 1024 x 16384, 0.94-0.96 at 16384 x 1024, 0.96-0.99 at
-/// 8192 x 4096, 0.97-0.99 at 65536 x 256, 0.99 at 4096 x 768; 0.95 and
-/// 1.00 at 32768 x 128, 0.985 and 1.04 at 2048 x 65536.
+/// pool (each task zeroes its own row), so that large partial rows do not
+/// fault in fresh pages on every backward call; else none.
 pub(crate) fn partial_rows<A: Element>(
     want: bool,
     len: usize,

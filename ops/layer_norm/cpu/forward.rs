@@ -136,9 +136,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
         let xr = rows_at::<T, R>(self.x, i, d);
         let seg = R == 1 && self.seg;
         // `match`, not `unwrap_or_else`: the passes must inline into the
-        // SIMD build (see [`Kernel`]), and a closure is not sure to. With a
-        // larger closure here (an experiment) the forward took three times
-        // as long, whichever way the experiment's switch was set.
+        // SIMD build (see [`Kernel`]), and a closure is not sure to.
         let m = match have.m {
             Some(m) => m,
             None => MeanPass::<T, V, R>::new(xr).run(seg),
@@ -206,10 +204,9 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
         }
         let xn = rows_at::<T, R>(self.x, i + R, d);
         if R > 1 {
-            // Rows in lockstep carry the next rows' mean pass only: with
-            // their variance pass too (three rows' worth of accumulators
-            // per row in step), the forward at 8192 x 4096 took 1.05x as
-            // long.
+            // Rows in lockstep carry the next rows' mean pass only: their
+            // variance pass too (three rows' worth of accumulators per row
+            // in step) is slower.
             let mut a = MeanPass::<T, V, R>::new(xn);
             write_rows_with::<T, V, NT, R>(
                 yr,
@@ -290,10 +287,8 @@ pub(crate) const FWD_TASK_STEPS: usize = 16;
 /// Rows per forward task: `rpc` ([`rows_per_chunk`]), but for rows taken
 /// [`ROWS_IN_STEP`] at a time at least [`FWD_TASK_STEPS`] steps (unless
 /// [`long_fwd_tasks`] is off). Only a step with a next step in its task
-/// carries that step's mean pass; a chunk of 16384-wide f32 rows is one
-/// step, which never did. Measured here, forward time with it on over off
-/// (31 reps, interleaved): 0.971-0.977 at 1024 x 16384, 0.983 at
-/// 2048 x 8192, 0.986-1.006 at 8192 x 4096 (16 rows, four steps, a chunk).
+/// carries that step's mean pass, and a chunk of 16384-wide f32 rows is
+/// one step.
 pub(super) fn fwd_rows_per_task(row_bytes: usize, rpc: usize) -> usize {
     if long_fwd_tasks() && rows_in_step(row_bytes) == ROWS_IN_STEP {
         rpc.max(FWD_TASK_STEPS * ROWS_IN_STEP)

@@ -48,6 +48,7 @@ static SIMD_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Caps the instruction set the kernels use (process-wide; for tests and
 /// benchmarks that compare builds). Every build gives the same bits.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_simd_limit(limit: Simd) {
     SIMD_LIMIT.store(limit as usize, Ordering::Relaxed)
 }

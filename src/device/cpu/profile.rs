@@ -9,25 +9,17 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// A set of measured speed defaults, chosen by the CPU's vendor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
-    /// Measured on Intel Sapphire Rapids (AVX-512, 2 MiB L2 per core); the
+    /// Tuned on Intel Sapphire Rapids (AVX-512, 2 MiB L2 per core); the
     /// default on every CPU that is not AMD's.
     Intel,
-    /// Measured on AMD Zen 4 (EPYC, family 25 model 17; AVX-512 on 256-bit
-    /// units, 1 MiB L2 per core), and since 2026-12-01 (night) on Zen 5
-    /// (family 26, full 512-bit units, 1 MiB L2 per core). On Zen 4,
-    /// fwd+bwd time with the Intel profile's choice over without it
-    /// (`ab_switches`, 21 reps):
-    /// - overlapped backward passes: 1.03-1.29 at rows of 512-8192 f32
-    ///   (2-32 KiB), 0.97-1.05 at rows of 64-256 KiB; Zen 5 gains at rows
-    ///   past 64 KiB and, with paired partials, at rows in lockstep, which
-    ///   now overlap on AMD too (see [`Profile::backward_overlap`]);
-    /// - overlapped forward passes of rows taken one at a time: 1.11-1.43
-    ///   at rows of 1024-2048, 1.00-1.05 at 512-768; but rows in lockstep
-    ///   (16-64 KiB) gain, 0.89-0.98, and keep it;
-    /// - 256-bit lanes for rows past 64 KiB: 1.04-1.14 at 512 x 65536,
-    ///   2048 x 65536, 4096 x 32768 and 1024 x 131072;
-    /// - four 16 KiB rows in the backward's step instead of two: 1.04-1.19
-    ///   of the backward's time at 4096, 8192 and 16384 x 4096.
+    /// Tuned on AMD Zen 4 (AVX-512 on 256-bit units) and Zen 5 (full
+    /// 512-bit units), 1 MiB L2 per core. Where the Intel profile's
+    /// choices cost time on these cores, it differs:
+    /// - overlapped passes, forward and backward, only for rows in
+    ///   lockstep and longer (see [`Profile::backward_overlap`]);
+    /// - 512-bit lanes for rows past 64 KiB;
+    /// - two rows, not four, in the backward's step at every lockstep
+    ///   width, 16 KiB rows included.
     Amd,
 }
 
@@ -53,17 +45,9 @@ impl Profile {
     /// (at least [`OVERLAP_ROW_BYTES`](super::OVERLAP_ROW_BYTES)) by
     /// default: always on Intel; on AMD for rows in lockstep and longer
     /// (from [`STEP_ROW_BYTES`](super::STEP_ROW_BYTES)' start), as its
-    /// forward. Measured on AMD Zen 5 (EPYC, family 26; 1 MiB L2 per core),
-    /// backward time overlapped over not: 0.90-0.93 at 4096 x 32768,
-    /// 0.93-0.96 at 1024 x 131072 and 512 x 65536, 0.91-0.98 at
-    /// 2048 x 65536 (`ab_switches --switch overlap`, 21-31 reps, seven
-    /// runs; one of seven 1.03); 1.09-1.20 at rows of 2-16 KiB, as on
-    /// Zen 4. Rows in lockstep overlapped only since their partials pair
-    /// in the joined loop ([`paired_partials`](super::paired_partials),
-    /// 2026-12-02): then 0.88, 0.91 and 0.92 at 1024 x 16384, 0.87, 0.93
-    /// and 0.91 at 2048 x 8192, and 0.92-1.03 at 16-32 KiB rows (median
-    /// 0.96 of eleven runs at 4096 x 4096, 8192 x 4096, 16384 x 4096 and
-    /// 4096 x 8192; 21 reps each).
+    /// forward. Shorter rows lose time to the joined loop on AMD; rows in
+    /// lockstep gain from it there because their partials pair in it
+    /// ([`paired_partials`](super::paired_partials)).
     pub fn backward_overlap(self, row_bytes: usize) -> bool {
         match self {
             Profile::Intel => true,

@@ -2,11 +2,9 @@
 //! calls, and a caller that works alongside them.
 //!
 //! A rayon launch from a thread outside its pool puts the job in the
-//! pool's queue and puts the caller to sleep until a worker has done it.
-//! Measured here, two empty tasks cost 25-32 us back to back and about
-//! 100 us after a gap of 100 us or more, when rayon's workers have gone to
-//! sleep: two wake-ups (the worker's, then the caller's) on a virtual
-//! machine. That is 20-40% of a 0.25-0.5 ms LayerNorm call at 512 x 2048.
+//! pool's queue and puts the caller to sleep until a worker has done it:
+//! once rayon's workers have gone to sleep, two wake-ups (the worker's,
+//! then the caller's), a large part of a short LayerNorm call.
 //!
 //! [`run_tasks`] publishes the tasks in one slot and starts on its own
 //! block of them at once; helpers take a block each as soon as they see
@@ -29,10 +27,10 @@ pub const YIELD: Duration = Duration::from_millis(2);
 
 /// One launch: `count` tasks, cut into one block of consecutive tasks per
 /// thread. Each thread runs its own block front to back, then takes what
-/// is left of the others' from their backs. Handed out one by one from a
-/// shared counter instead, the two threads took turns (task 0, task 1,
-/// ...), and the row each task prefetches for the task after it went to
-/// the other thread: the forward at 2048 x 65536 took 1.24x as long.
+/// is left of the others' from their backs, so that consecutive tasks run
+/// on one thread and the row each task prefetches for the next is read by
+/// the thread that prefetched it (tasks handed out one by one from a
+/// shared counter would alternate between the threads).
 struct Job<'a> {
     f: &'a (dyn Fn(usize) + Sync),
     /// Per thread (the caller first), its block's unclaimed tasks
@@ -115,6 +113,7 @@ thread_local! {
 /// Turns the team on or off (process-wide; for benchmarks that measure
 /// what it is worth). Off, [`run_tasks`] hands the tasks to rayon. It
 /// changes only the speed.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_team(on: bool) {
     TEAM.store(on, SeqCst)
 }

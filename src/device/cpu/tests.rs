@@ -320,7 +320,7 @@ fn a_panicking_task_panics_the_launch_and_the_team_goes_on() {
 fn a_launch_from_inside_a_task_runs_in_place_and_finishes() {
     // Each outer task launches inner tasks (as a batched matmul's bands
     // do). A helper that published a nested job after the caller had
-    // cleared the slot used to wait for itself; run on a thread with a
+    // cleared the slot would wait for itself; run on a thread with a
     // deadline, so that a hang fails the test instead of stalling it.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -12,10 +12,7 @@ pub const ROWS_IN_STEP: usize = 4;
 /// The row sizes, in bytes, at which [`rows_in_step`] is [`ROWS_IN_STEP`].
 /// Shorter rows are bound by their per-row arithmetic, which four rows at
 /// once only slows (more live registers); longer ones would not fit in L2
-/// four at a time between the passes. Measured here, same process, one row
-/// against four: 4096-wide rows 0.66 -> 0.72 of a copy's rate, 16384-wide
-/// 0.93 -> 1.00; 128- and 256-wide 1.18 -> 0.89 and 0.88 -> 0.68; 65536-wide
-/// backward 90 -> 116 ms.
+/// four at a time between the passes.
 pub const STEP_ROW_BYTES: std::ops::RangeInclusive<usize> = (16 << 10)..=(64 << 10);
 
 static LOCKSTEP: AtomicBool = AtomicBool::new(true);
@@ -26,16 +23,10 @@ static LOCKSTEP: AtomicBool = AtomicBool::new(true);
 /// loop holds two groups of rows at once (this group's pass B, the next
 /// group's pass A): at four rows their statistics, row sums and pointers
 /// need about 56 vector registers of 32 and spill, and at 64 KiB rows the
-/// two groups' `x` and `dy` fill half of L2. Measured here, backward time
-/// four rows over two (2026-11-30, `ab_switches`, 61 reps, two runs):
-/// 1.11 and 1.17 at 1024 x 16384, 1.05 and 1.08 at 2048 x 8192; at
-/// 16 KiB rows four stay (8192 x 4096: 0.93, 1.00, 0.98 and 0.99 in four
-/// runs). On AMD Zen 4, whose L1 is 8-way (32 KiB), four 16 KiB rows of
-/// `x` and of `dy` fall in one L1 set with `gamma` and the partials;
-/// there two rows took 0.84-0.96 of the backward's time at 4096 x 4096,
-/// 8192 x 4096 and 16384 x 4096 (`ab_switches`, 21 reps, three runs);
-/// on Zen 5 (12-way L1) two still took 0.84-0.98 of it at the same
-/// shapes, 1024 x 16384 and 2048 x 8192 ([`set_backward_pairs`]).
+/// two groups' `x` and `dy` fill half of L2. At 16 KiB rows, Intel keeps
+/// four. On AMD Zen 4, whose L1 is 8-way (32 KiB), four 16 KiB rows of `x`
+/// and of `dy` fall in one L1 set with `gamma` and the partials, so AMD
+/// takes two at every width ([`set_backward_pairs`]).
 /// Each row keeps its own accumulators and the partials still take
 /// the rows in row order, so the bits are unchanged.
 pub fn bwd_rows_in_step(row_bytes: usize) -> usize {
@@ -49,9 +40,10 @@ static PAIRS: Switch = Switch::new();
 
 /// Makes [`bwd_rows_in_step`] take rows in lockstep two at a time (`true`)
 /// or [`ROWS_IN_STEP`] at a time (`false`) at every lockstep width,
-/// overriding the [`profile`] (process-wide; for benchmarks that measure
+/// overriding the [`profile()`] (process-wide; for benchmarks that measure
 /// what it is worth; [`reset_switches`] restores the profile's choice). It
 /// changes only the speed.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_backward_pairs(on: bool) {
     PAIRS.set(on)
 }
@@ -82,6 +74,7 @@ pub fn segmented(row_bytes: usize) -> bool {
 /// Turns [`segmented`] rows on or off (process-wide; for benchmarks that
 /// measure what it is worth). Unlike the other switches it changes the
 /// bits of the long-row results, within the usual rounding.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_segmented(on: bool) {
     SEGMENTED.store(on, Ordering::Relaxed)
 }
@@ -97,6 +90,7 @@ pub fn long_fwd_tasks() -> bool {
 /// Turns [`long_fwd_tasks`] on or off (process-wide; for benchmarks that
 /// measure what it is worth). It changes only the speed: forward rows are
 /// independent, so how they are cut into tasks changes no bits.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_long_fwd_tasks(on: bool) {
     LONG_FWD_TASKS.store(on, Ordering::Relaxed)
 }
@@ -105,16 +99,14 @@ pub fn set_long_fwd_tasks(on: bool) {
 /// measure what it is worth). It changes only the speed: every row's
 /// arithmetic, and the order in which rows are added into dgamma/dbeta,
 /// are the same either way.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_lockstep(on: bool) {
     LOCKSTEP.store(on, Ordering::Relaxed)
 }
 
 /// Default for [`stream_threshold`]: outputs of at least this many bytes
-/// are streamed past the cache. Twice one core's L2 here (2 MiB): an
-/// output this large is not in the writer's L2 when the next op reads it.
-/// Measured here with 4 MiB outputs (512 x 2048), LayerNorm, then a
-/// `mul` that reads `y`, then the backward through both: 0.93-0.94 of the
-/// time with 8 MiB as the threshold.
+/// are streamed past the cache. Twice a 2 MiB L2 per core: an output this
+/// large is not in the writer's L2 when the next op reads it.
 pub const DEFAULT_STREAM_BYTES: usize = 4 << 20;
 
 static STREAM_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_STREAM_BYTES);
@@ -127,6 +119,7 @@ pub fn stream_threshold() -> usize {
 
 /// Sets [`stream_threshold`]; `usize::MAX` turns streaming stores off. A
 /// process-wide setting, for benchmarks that compare the two.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_stream_threshold(bytes: usize) {
     STREAM_BYTES.store(bytes, Ordering::Relaxed)
 }
@@ -140,9 +133,10 @@ pub(crate) fn should_stream<T: Element>(elems: usize) -> bool {
 static OVERLAP: Switch = Switch::new();
 
 /// Turns [`overlap`] and [`overlap_backward`] on or off, overriding the
-/// [`profile`] (process-wide; for benchmarks that measure what it is
+/// [`profile()`] (process-wide; for benchmarks that measure what it is
 /// worth; [`reset_switches`] restores the profile's choice). It changes
 /// only the speed.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_overlap(on: bool) {
     OVERLAP.set(on)
 }
@@ -161,12 +155,8 @@ pub const STATS_FIRST_ROW_BYTES: usize = 1024;
 /// by [`set_stats_first`]). Each row's statistics end in a chain of
 /// dependent folds, a division and `1/sqrt`, and at 128 wide that chain is
 /// as long as the row's loads; back to back, one row's chain overlaps the
-/// next row's loads. Measured here, forward time on over off (31 reps,
-/// interleaved): 0.84, 0.91 and 0.94 at 32768 x 128, 0.82 at 65536 x 64,
-/// 0.89 at 131072 x 32; with 64-byte aligned inputs, 0.92-0.98 at
-/// 65536 x 256 and 0.94-0.96 at 32768 x 256 and 16384 x 256 (1 KiB rows
-/// had lost, 1.07, while the inputs started off a cache line). The
-/// backward's pass A gained nothing this way (0.98-1.05).
+/// next row's loads. The backward's pass A does not gain from this and
+/// does not use it.
 #[inline(always)]
 pub fn stats_first(row_bytes: usize) -> bool {
     STATS_FIRST.load(Ordering::Relaxed) && row_bytes <= STATS_FIRST_ROW_BYTES
@@ -174,6 +164,7 @@ pub fn stats_first(row_bytes: usize) -> bool {
 
 /// Turns [`stats_first`] on or off (process-wide; for benchmarks that
 /// measure what it is worth). It changes only the speed.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_stats_first(on: bool) {
     STATS_FIRST.store(on, Ordering::Relaxed)
 }
@@ -182,6 +173,7 @@ static PAIRED: AtomicBool = AtomicBool::new(true);
 
 /// Turns [`paired_partials`] on or off (process-wide; for benchmarks that
 /// measure what it is worth). It changes only the speed.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_paired_partials(on: bool) {
     PAIRED.store(on, Ordering::Relaxed)
 }
@@ -192,13 +184,8 @@ pub fn set_paired_partials(on: bool) {
 /// first group's terms, then its own): for rows in lockstep and longer
 /// (from [`STEP_ROW_BYTES`]' start), whose partial row (32 KiB and up) is
 /// not held in L1 beside the rows, and unless turned off by
-/// [`set_paired_partials`]. Measured here, backward time with it on over
-/// off: 0.96-0.98 at 65536-wide f32 rows; but 1.00 at 1024 and 1.01-1.06
-/// at 768, whose partial rows sit in L1 anyway. Rows in lockstep paired
-/// since 2026-12-02 (AMD Zen 5, overlap held on, `ab_switches --switch
-/// paired --with overlap=on`, 21 reps, two runs): 0.92 and 0.93 at
-/// 1024 x 16384, 0.96 and 0.92 at 2048 x 8192, 1.00 and 0.99 at
-/// 8192 x 4096. What the partials cost at all: `examples/partials_cost`.
+/// [`set_paired_partials`]. Shorter rows' partial rows sit in L1 anyway.
+/// What the partials cost at all: `benches/partials_cost.rs`.
 #[inline(always)]
 pub fn paired_partials(row_bytes: usize) -> bool {
     PAIRED.load(Ordering::Relaxed) && row_bytes >= *STEP_ROW_BYTES.start()
@@ -208,32 +195,28 @@ static INTERLEAVED: AtomicBool = AtomicBool::new(true);
 
 /// Turns [`interleaved_partials`] on or off (process-wide; for benchmarks
 /// that measure what it is worth). It changes only the speed.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_interleaved_partials(on: bool) {
     INTERLEAVED.store(on, Ordering::Relaxed)
 }
 
 /// Whether the LayerNorm backward's partial rows hold dgamma and dbeta
 /// interleaved chunk by chunk (one stream of lines) instead of as two
-/// halves `2d` values apart. Measured on the Zen 5 (2026-12-02,
-/// `ab_switches`, 21-41 reps, five runs), backward time on over off:
-/// 0.95-1.01 at 8192 x 4096, 0.94-1.03 at 1024 x 16384, 0.96-0.98 at
-/// 2048 x 8192, 0.99-1.01 at 2048 x 65536. The bits are the same.
+/// halves `2d` values apart. The bits are the same.
 #[inline(always)]
 pub fn interleaved_partials() -> bool {
     INTERLEAVED.load(Ordering::Relaxed)
 }
 
 /// The shortest row, in bytes, whose kernels [`overlap`] one group of
-/// rows' output pass with the next group's first pass. Measured here,
-/// fwd+bwd with it on over off: 0.96 at 768-wide f32 rows, 0.98 at 1024,
-/// 0.94-0.96 at 4096-65536; but 1.02 at 128 and 1.015 at 256, whose rows
-/// are too short for the joined loop to pay for itself.
+/// rows' output pass with the next group's first pass: shorter rows are
+/// too short for the joined loop to pay for itself.
 pub const OVERLAP_ROW_BYTES: usize = 2 << 10;
 
 /// Whether the LayerNorm forward runs the next rows' first pass inside this
 /// rows' output pass ([`write_rows_with`]) for rows of `row_bytes`: only
 /// for outputs that are streamed (the caller checks), rows of at least
-/// [`OVERLAP_ROW_BYTES`], and where the [`profile`] or [`set_overlap`] says
+/// [`OVERLAP_ROW_BYTES`], and where the [`profile()`] or [`set_overlap`] says
 /// so (on AMD, only rows in lockstep).
 #[inline(always)]
 pub fn overlap(row_bytes: usize) -> bool {
@@ -252,30 +235,26 @@ static NARROW: Switch = Switch::new();
 
 /// Whether the LayerNorm kernels run rows of `row_bytes` in 256-bit lanes
 /// (the AVX2 build) on a CPU with AVX-512: for rows past
-/// [`STEP_ROW_BYTES`] (unless turned off by [`set_narrow_lanes`]). Every
-/// build gives the same bits. Measured here, fwd+bwd time in 256-bit lanes
-/// over 512-bit (`ab_switches`, 15-21 reps, interleaved): at 2048 x 65536
-/// a median of 0.95 over 14 runs (0.84-1.02; the backward gains most),
-/// 0.93-1.00 at 4096 x 32768, 0.87 at 512 x 65536, 0.95 at 1024 x 131072,
-/// but 1.06 at 256 x 65536. At rows of 64 KiB and less the figures went
-/// both ways (0.90-1.04 at 8192 x 4096, 1.06 at 1024 x 16384, 1.12 at
-/// 2048 x 8192) and lost at shorter rows (1.08-1.32 at 128-2048 wide), so
-/// those keep 512-bit lanes. On AMD Zen 4 the 256-bit lanes lost (see
-/// [`Profile::Amd`]), so the [`profile`] turns them off there.
+/// [`STEP_ROW_BYTES`] (unless turned off by [`set_narrow_lanes`]): there
+/// they pay on Intel, while shorter rows run faster in 512-bit lanes.
+/// Every build gives the same bits. On AMD the 256-bit lanes cost time
+/// (see [`Profile::Amd`]), so the [`profile()`] turns them off there.
 pub fn narrow_lanes(row_bytes: usize) -> bool {
     row_bytes > *STEP_ROW_BYTES.end() && NARROW.on(|| profile().narrow_lanes())
 }
 
-/// Turns [`narrow_lanes`] on or off, overriding the [`profile`]
+/// Turns [`narrow_lanes`] on or off, overriding the [`profile()`]
 /// (process-wide; for benchmarks that measure what it is worth). It
 /// changes only the speed.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_narrow_lanes(on: bool) {
     NARROW.set(on)
 }
 
 /// Gives [`overlap`], [`overlap_backward`], [`narrow_lanes`] and
-/// [`bwd_rows_in_step`] back to the [`profile`]'s defaults after
+/// [`bwd_rows_in_step`] back to the [`profile()`]'s defaults after
 /// [`set_overlap`], [`set_narrow_lanes`] or [`set_backward_pairs`].
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn reset_switches() {
     OVERLAP.reset();
     NARROW.reset();

@@ -48,7 +48,7 @@ pub(crate) fn write_row<T: Element, V: Lanes<T>, const NT: bool>(
 
 /// `dst.copy_from_slice(src)` (up to the shorter length) written with
 /// non-temporal stores, as glibc's `memcpy` writes blocks past its own
-/// threshold (`glibc.cpu.x86_non_temporal_threshold`, 114 MB here). The
+/// threshold (`glibc.cpu.x86_non_temporal_threshold`). The
 /// benchmark's copy baseline uses it so that blocks under that threshold
 /// are also timed at the streaming rate, the faster one for data that does
 /// not fit in the caches.
@@ -123,12 +123,10 @@ pub(crate) fn write_rows<T: Element, V: Lanes<T>, const NT: bool, const R: usize
 
 /// [`write_rows`] with `v(k, i, pf)`, where `pf` says whether `v` should
 /// prefetch ahead: `ahead`, passed as a constant into one of two writer
-/// calls, so that the loop has no test on it. With the test (and, before
-/// that, an atomic load of the prefetch switch) in the loop, fwd+bwd at
-/// 128- and 256-wide rows took 1.015-1.03x as long (interleaved, 301
-/// reps). Pass `v` by value (an `#[inline(always)]` closure): passed as
-/// `&closure`, the call to it was not inlined in the backward, whose
-/// 128-wide pass B then took about six times as long.
+/// calls, so that the loop has no test on it (a test in the loop slows
+/// short rows). Pass `v` by value (an `#[inline(always)]` closure): passed
+/// as `&closure`, the call to it may not be inlined, and the pass then
+/// runs several times slower.
 #[inline(always)]
 pub(crate) fn write_rows_ahead<T: Element, V: Lanes<T>, const NT: bool, const R: usize>(
     dst: [&mut [T]; R],

@@ -6,7 +6,7 @@
 //! forward alone and of the backward alone.
 //!
 //! ```sh
-//! cargo run --release --example ab_switches -- [--reps R] [--shape NxD]...
+//! cargo bench --features probes --bench ab_switches -- [--reps R] [--shape NxD]...
 //!     [--switch NAME]   # only the switches whose name contains NAME
 //!     [--with NAME=on|off]...  # hold another switch on or off meanwhile
 //! ```
@@ -14,8 +14,11 @@
 //! "AMD profile" compares the two CPU profiles' defaults (on: AMD's, off:
 //! Intel's); every switch goes back to the detected profile's default
 //! after its turn.
-use fusegrad::device::cpu;
+
+mod common;
+
 use fusegrad::ops;
+use fusegrad::probes as cpu;
 use fusegrad::tape::Tape;
 use fusegrad::tensor::Tensor;
 use std::time::Instant;
@@ -65,7 +68,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> fusegrad::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = common::args();
     let (mut reps, mut shapes, mut only) = (15usize, Vec::new(), String::new());
     let mut with: Vec<(fn(bool), bool)> = Vec::new();
     let mut it = args.iter();

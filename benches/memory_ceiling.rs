@@ -6,7 +6,7 @@
 //! as built, with their arithmetic and prefetches but without the tails,
 //! the tasks and the saved statistics, and the fwd+bwd rate they imply.
 //!
-//! `cargo run --release --example memory_ceiling -- [--reps K] [N D ...]`
+//! `cargo bench --features probes --bench memory_ceiling -- [--reps K] [N D ...]`
 //! (AVX-512 only; elsewhere it says so and stops).
 
 mod common;
@@ -136,7 +136,7 @@ mod pat {
     /// first row of `b`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn bwd_step(a: &[f32], b: &[f32], c: &mut [f32], d: usize) -> f32 {
-        if fusegrad::device::cpu::Profile::Intel.backward_pairs(d * 4) {
+        if fusegrad::probes::Profile::Intel.backward_pairs(d * 4) {
             bwd_rows::<2>(a, b, c, d)
         } else {
             bwd_rows::<4>(a, b, c, d)

@@ -1,7 +1,7 @@
 //! The benchmark behind `fusegrad bench`, with knobs for experiments:
 //!
 //! ```sh
-//! cargo run --release --example bench -- [--json] [--budget S] [--no-composed]
+//! cargo bench --features probes --bench bench -- [--json] [--budget S] [--no-composed]
 //!     [--shape NxD]... [--stream-bytes B] [--no-pool] [--one-row] [--no-runs]
 //!     [--no-ahead] [--portable | --avx2] [--profile intel|amd] [--no-huge]
 //! ```
@@ -10,15 +10,18 @@
 //! non-temporal stores (`max` turns them off); `--no-pool` turns off buffer
 //! recycling, `--one-row` runs the LayerNorm kernels a row at a time instead
 //! of four rows in lockstep, `--no-runs` walks long rows front to back,
-//! `--no-ahead` stops prefetching the next row (see `examples/ab_switches.rs`
+//! `--no-ahead` stops prefetching the next row (see `benches/ab_switches.rs`
 //! for the same switches timed side by side), `--portable`/`--avx2` cap the
 //! SIMD build, `--profile` picks a CPU profile's speed defaults instead
 //! of the detected one, and `--no-huge` stops fresh buffers asking for huge
 //! pages, to measure what each is worth.
-use fusegrad::{bench, device};
+
+mod common;
+
+use fusegrad::{bench, probes};
 
 fn main() -> fusegrad::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = common::args();
     let mut shapes = Vec::new();
     let (mut json, mut budget, mut composed) = (false, 1.0, true);
     let mut it = args.iter();
@@ -26,16 +29,16 @@ fn main() -> fusegrad::Result<()> {
         match a.as_str() {
             "--json" => json = true,
             "--no-composed" => composed = false,
-            "--no-pool" => device::pool::set_enabled(false),
-            "--no-huge" => device::pool::set_huge_pages(false),
-            "--one-row" => device::cpu::set_lockstep(false),
-            "--no-runs" => device::cpu::set_segmented(false),
-            "--no-ahead" => device::cpu::set_prefetch_next(false),
-            "--portable" => device::cpu::set_simd_limit(device::cpu::Simd::Portable),
-            "--avx2" => device::cpu::set_simd_limit(device::cpu::Simd::Avx2),
+            "--no-pool" => probes::set_pool_enabled(false),
+            "--no-huge" => probes::set_huge_pages(false),
+            "--one-row" => probes::set_lockstep(false),
+            "--no-runs" => probes::set_segmented(false),
+            "--no-ahead" => probes::set_prefetch_next(false),
+            "--portable" => probes::set_simd_limit(probes::Simd::Portable),
+            "--avx2" => probes::set_simd_limit(probes::Simd::Avx2),
             "--profile" => match it.next().map(String::as_str) {
-                Some("intel") => device::cpu::set_profile(device::cpu::Profile::Intel),
-                Some("amd") => device::cpu::set_profile(device::cpu::Profile::Amd),
+                Some("intel") => probes::set_profile(probes::Profile::Intel),
+                Some("amd") => probes::set_profile(probes::Profile::Amd),
                 v => {
                     eprintln!("bad --profile {v:?}, want intel or amd");
                     std::process::exit(2);
@@ -44,7 +47,7 @@ fn main() -> fusegrad::Result<()> {
             "--budget" => budget = it.next().and_then(|v| v.parse().ok()).unwrap_or(budget),
             "--stream-bytes" => {
                 let v = it.next().map(String::as_str).unwrap_or("max");
-                device::cpu::set_stream_threshold(v.parse().unwrap_or(usize::MAX));
+                probes::set_stream_threshold(v.parse().unwrap_or(usize::MAX));
             }
             "--shape" => {
                 let s = it.next().map(String::as_str).unwrap_or("");

@@ -1,12 +1,21 @@
-//! What the measuring examples (`memory_ceiling`, `long_row_costs`,
-//! `partials_cost`) share: their command line and the median of their
-//! rates. Each uses a part of it.
+//! What the probes in `benches/` share: their command line and the
+//! median of their rates. Each uses a part of it.
 #![allow(dead_code)]
+
+/// The probe's arguments: those after `--` in `cargo bench --features
+/// probes --bench NAME -- ARGS`, without the `--bench` that `cargo bench`
+/// adds to every bench target's command line.
+pub fn args() -> Vec<String> {
+    std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect()
+}
 
 /// `[--reps K] [N D ...]` from the command line: the reps (11 unless
 /// given) and the shapes (`default` unless at least one pair is given).
 pub fn reps_and_shapes(default: &[(usize, usize)]) -> (usize, Vec<(usize, usize)>) {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args = args();
     let mut reps = 11;
     if let Some(k) = args.iter().position(|a| a == "--reps") {
         reps = args.get(k + 1).and_then(|v| v.parse().ok()).unwrap_or(reps);

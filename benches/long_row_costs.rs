@@ -5,7 +5,7 @@
 //! one pass (a triad), interleaved rep by rep, 2 threads, half the rows
 //! each, in memory from `pool::fresh` as the kernels' is.
 //!
-//! `cargo run --release --example long_row_costs -- [--reps K]
+//! `cargo bench --features probes --bench long_row_costs -- [--reps K]
 //! [--one-thread] [N D ...]` (AVX-512 only; elsewhere it says so and
 //! stops). Default shapes: 2048 x 65536, 4096 x 32768 and 8192 x 4096.
 //! `--one-thread` runs only the first half of the rows, on one thread
@@ -185,13 +185,13 @@ fn main() {
         ),
     ];
     let (reps, shapes) = common::reps_and_shapes(&[(2048, 65536), (4096, 32768), (8192, 4096)]);
-    let one = std::env::args().any(|a| a == "--one-thread");
+    let one = common::args().iter().any(|a| a == "--one-thread");
     let threads = if one { 1 } else { 2 };
     for (n, d) in shapes {
         let (n, d) = (n / 2 * 2, (d / 16 * 16).max(16));
         let numel = n * d;
         let fresh = |v: f32| {
-            let mut b = fusegrad::device::pool::fresh::<f32>(numel + 16);
+            let mut b = fusegrad::probes::fresh::<f32>(numel + 16);
             b.iter_mut().for_each(|e| *e = v);
             b
         };

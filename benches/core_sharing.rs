@@ -5,7 +5,7 @@
 //! slower side by side than alone; with private caches both read as fast
 //! as one alone until the buffers reach the shared L3 and memory.
 //!
-//! `cargo run --release --example core_sharing -- [--reps K]` (AVX-512
+//! `cargo bench --features probes --bench core_sharing -- [--reps K]` (AVX-512
 //! only; elsewhere it says so and stops). Prints GB/s per thread, medians
 //! of K rounds (5 unless given) of about 0.1 s each.
 
@@ -49,7 +49,7 @@ fn main() {
         return;
     }
     let (reps, _) = common::reps_and_shapes(&[]);
-    let reps = if std::env::args().any(|a| a == "--reps") {
+    let reps = if common::args().iter().any(|a| a == "--reps") {
         reps
     } else {
         5

@@ -3,7 +3,7 @@
 //! `beta` as variables (it must sum their gradients) and as constants
 //! (`dx` only, no partials), interleaved rep by rep, 2 threads.
 //!
-//! `cargo run --release --example partials_cost -- [--reps K] [N D ...]`
+//! `cargo bench --features probes --bench partials_cost -- [--reps K] [N D ...]`
 //! Default shapes: the bench's three widest, 8192 x 4096, 1024 x 16384
 //! and 2048 x 65536.
 
