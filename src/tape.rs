@@ -19,6 +19,7 @@
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
+use crate::ops::elementwise::{Binary, Unary};
 use crate::shape::sum_to_shape;
 use crate::tensor::{Dims, Tensor};
 use std::cell::RefCell;
@@ -371,7 +372,7 @@ impl<T: Element> Tape<T> {
 
 /// `acc + g` (same shapes), through the device's add kernel.
 fn accumulate<T: Element>(acc: Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
-    crate::ops::elementwise::binary("accumulate", crate::ops::elementwise::Binary::Add, &acc, g)
+    crate::ops::elementwise::binary("accumulate", Binary::Add, &acc, g)
 }
 
 impl<T: Element> Var<T> {
@@ -407,7 +408,8 @@ impl<T: Element> Var<T> {
                 shape: self.shape().to_vec(),
             });
         }
-        let seed = Tensor::full(self.shape(), T::one())?;
+        // Ones on the loss's own device.
+        let seed = crate::ops::elementwise::unary(Unary::Fill(1.0), &self.value)?;
         self.tape.sweep(self.id, seed)
     }
 
@@ -417,6 +419,13 @@ impl<T: Element> Var<T> {
             return Err(Error::SeedShape {
                 output: self.shape().to_vec(),
                 seed: seed.shape().to_vec(),
+            });
+        }
+        if seed.device() != self.value.device() {
+            return Err(Error::DeviceMismatch {
+                op: "backward_with",
+                lhs: self.value.device().to_string(),
+                rhs: seed.device().to_string(),
             });
         }
         self.tape.sweep(self.id, seed.clone())

@@ -140,6 +140,10 @@ fn unary_into<T: Element>(k: Unary, x: &[T], lay: &Layout<1>, dst: &mut [T]) {
     }
     match k {
         Unary::Copy => go!(|v| v),
+        Unary::Fill(c) => {
+            let c = a(c);
+            go!(move |_| c)
+        }
         Unary::Neg => go!(|v: Acc<T>| -v),
         Unary::AddScalar(c) => {
             let c = a(c);

@@ -24,6 +24,8 @@ use crate::tensor::{Storage, Tensor};
 pub(crate) enum Unary {
     /// `x`.
     Copy,
+    /// `c`, whatever `x` is (a tensor of `c` shaped and placed like `x`).
+    Fill(f64),
     /// `-x`.
     Neg,
     /// `x + c`.
