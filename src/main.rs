@@ -98,6 +98,15 @@ fn benchmark(all: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn prims_only() -> Result<()> {
+    section("Benchmark: primitive ops vs a same-run copy or read of their bytes (f32)");
+    println!("{}", bench::PRIM_HEADER);
+    for r in bench::run_prims(1.0)? {
+        println!("{r}");
+    }
+    Ok(())
+}
+
 fn run() -> Result<bool> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let svg = || {
@@ -120,9 +129,10 @@ fn run() -> Result<bool> {
             Ok(ok)
         }
         Some("stability") => stability_demo(svg()).map(|_| true),
+        Some("bench") if args.iter().any(|a| a == "--prims") => prims_only().map(|_| true),
         Some("bench") => benchmark(true, args.iter().any(|a| a == "--json")).map(|_| true),
         Some(other) => {
-            eprintln!("unknown command {other:?}; use: fusegrad [check | stability [SVG] | bench [--json]]");
+            eprintln!("unknown command {other:?}; use: fusegrad [check | stability [SVG] | bench [--json | --prims]]");
             Ok(false)
         }
     }

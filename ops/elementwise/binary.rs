@@ -1,7 +1,7 @@
 //! Broadcasting binary arithmetic: add, sub, mul, div. Each backward returns
 //! gradients in the broadcast output shape; the tape sums them back.
 
-use super::{binary as bz, unary, Binary as K, Unary};
+use super::{binary as bz, mul_grads, unary, Binary as K, Unary};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::op::Op;
@@ -60,6 +60,13 @@ impl<T: Element> Op<T> for Binary {
         Ok(match (self.0, s) {
             (Kind::Add, _) => vec![Some(g.clone()), Some(g.clone())],
             (Kind::Sub, _) => vec![Some(g.clone()), need(1).then(neg).transpose()?],
+            // Both wanted, no broadcasting: one pass for both products.
+            (Kind::Mul, Some((a, b)))
+                if need(0) && need(1) && a.shape() == g.shape() && b.shape() == g.shape() =>
+            {
+                let (da, db) = mul_grads(g, a, b)?;
+                vec![Some(da), Some(db)]
+            }
             (Kind::Mul, Some((a, b))) => vec![
                 need(0).then(|| bz(name, K::Mul, g, b)).transpose()?,
                 need(1).then(|| bz(name, K::Mul, g, a)).transpose()?,

@@ -238,6 +238,40 @@ pub(crate) fn binary<T: Element>(
     }
 }
 
+/// `(g b, g a)` for same-shape operands, chunk by chunk: the second
+/// product reads its chunk of `g` back from cache, so memory sees `g`, `a`
+/// and `b` once.
+pub(crate) fn mul_grads<T: Element>(g: &[T], a: &[T], b: &[T]) -> (Buffer<T>, Buffer<T>) {
+    let n = g.len();
+    let (mut da, mut db) = (Buffer::take(n), Buffer::take(n));
+    let nt = should_stream::<T>(n);
+    let jobs: Vec<_> = da
+        .chunks_mut(CHUNK)
+        .zip(db.chunks_mut(CHUNK))
+        .enumerate()
+        .collect();
+    run_each(jobs, |(t, (da, db))| {
+        let r = t * CHUNK..t * CHUNK + da.len();
+        let (g, a, b) = (&g[r.clone()], &a[r.clone()], &b[r]);
+        dispatch(LinRow {
+            op: Lin::Mul,
+            a: g,
+            b,
+            dst: da,
+            nt,
+        });
+        dispatch(LinRow {
+            op: Lin::Mul,
+            a: g,
+            b: a,
+            dst: db,
+            nt,
+        });
+        fence::<true>();
+    });
+    (da, db)
+}
+
 /// Kinds with a SIMD-lane form (the same IEEE operation per element).
 #[derive(Clone, Copy)]
 enum Lin {

@@ -140,6 +140,33 @@ pub(crate) fn binary<T: Element>(
     Tensor::from_buffer(&out, dst)
 }
 
+/// `(g b, g a)`: both gradients of `a b` when `g`, `a` and `b` share one
+/// shape, in one pass over memory.
+pub(crate) fn mul_grads<T: Element>(
+    g: &Tensor<T>,
+    a: &Tensor<T>,
+    b: &Tensor<T>,
+) -> Result<(Tensor<T>, Tensor<T>)> {
+    check_devices("mul", g, a)?;
+    check_devices("mul", g, b)?;
+    if a.shape() != g.shape() || b.shape() != g.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "mul",
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        });
+    }
+    match (g.storage(), a.storage(), b.storage()) {
+        (Storage::Cpu(gs), Storage::Cpu(x), Storage::Cpu(y)) => {
+            let (da, db) = cpu::mul_grads(gs, x, y);
+            Ok((
+                Tensor::from_buffer(g.shape(), da)?,
+                Tensor::from_buffer(g.shape(), db)?,
+            ))
+        }
+    }
+}
+
 /// Relu's output and the bit mask of where its gradient passes.
 pub(crate) fn relu_forward<T: Element>(x: &Tensor<T>) -> Result<(Tensor<T>, Vec<u8>)> {
     match x.storage() {
