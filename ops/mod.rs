@@ -10,6 +10,7 @@ mod softmax;
 
 pub mod layer_norm;
 mod layer_norm_composed;
+pub(crate) mod norm;
 pub mod rms_norm;
 mod rms_norm_composed;
 

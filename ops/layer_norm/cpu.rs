@@ -34,66 +34,28 @@
 //! written with non-temporal stores
 //! ([`write_row`](crate::device::cpu::write_row)).
 //!
-//! Files: this one holds the shared row helpers; [`stats`] the forward's
+//! Files: this one holds LayerNorm's row helpers (those RMSNorm shares sit
+//! in `ops/norm/cpu_rows.rs`); [`stats`] the forward's
 //! mean and variance passes, [`forward`](mod@forward) and
 //! [`backward`](mod@backward) the two kernels,
 //! and `tests` the checks that each speed switch changes no bits.
 
-pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{
     bwd_rows_in_step, dispatch_all, each_chunk, each_chunk_in, fence, fold_all,
     interleaved_partials, long_fwd_tasks, narrow_lanes, overlap, overlap_backward, paired_partials,
-    prefetch, prefetch_next, prefetch_next_on, rows_in_step, rows_per_chunk, run_each, segmented,
+    prefetch, prefetch_next, prefetch_next_on, rows_in_step, rows_per_chunk, segmented,
     should_stream, stats_first, write_rows_ahead, write_rows_with, Kernel, Lanes, ROWS_IN_STEP,
     STATS_FIRST_ROWS, STEP_ROW_BYTES, UNROLL,
 };
 use crate::device::pool::Buffer;
-use crate::dtype::{Accum, Element};
+use crate::dtype::Element;
+use crate::ops::norm::cpu_rows::{
+    at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, LANES,
+};
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
 
-/// Upper bound on the number of backward groups (and so on partial rows for
-/// dgamma/dbeta). A constant, so the partition depends on the shape only.
-pub(crate) const MAX_GROUPS: usize = 64;
-
-/// A backward group aims at this many rows at least, so the partial rows
-/// (written and read once each) stay within about 2% of the traffic.
-pub(crate) const MIN_GROUP_ROWS: usize = 64;
-
 type Acc<T> = <T as Element>::Acc;
-
-/// `d` as an accumulator value.
-#[inline(always)]
-pub(crate) fn count<A: Accum>(d: usize) -> A {
-    A::of(d as f64)
-}
-
-/// Rows per backward group: a whole number of chunks, chosen so that there
-/// are at most [`MAX_GROUPS`] groups and, where the chunks allow, about
-/// [`MIN_GROUP_ROWS`] rows or more in each. Depends only on `(n, d)`.
-pub(crate) fn rows_per_group(n: usize, d: usize) -> usize {
-    let rpc = rows_per_chunk(d);
-    let chunks = n.div_ceil(rpc);
-    let target = n.div_ceil(MIN_GROUP_ROWS).clamp(1, MAX_GROUPS);
-    rpc * chunks.div_ceil(target).max(1)
-}
-
-/// Number of backward groups for `n` rows of `d`.
-pub(crate) fn groups(n: usize, d: usize) -> usize {
-    n.div_ceil(rows_per_group(n, d))
-}
-
-/// `s[i]`, or zero past the end (callers stay in range).
-#[inline(always)]
-pub(crate) fn at<A: Copy + Default>(s: &[A], i: usize) -> A {
-    s.get(i).copied().unwrap_or_default()
-}
-
-/// `s[i]` widened, or zero past the end (callers stay in range).
-#[inline(always)]
-pub(crate) fn wide<T: Element>(s: &[T], i: usize) -> Acc<T> {
-    s.get(i).map_or_else(Acc::<T>::zero, |v| v.to_acc())
-}
 
 /// Each value in all lanes (a loop, not `array::map`, so that it inlines
 /// into the SIMD build).
@@ -144,18 +106,11 @@ fn xhat_one<T: Element>(x: &[T], i: usize, m: Acc<T>, r: Acc<T>) -> Acc<T> {
     (wide(x, i) - m) * r
 }
 
-/// The first `n` elements of `s`, or all of it if shorter (callers pass
-/// slices of one length; this lets LLVM drop the bounds checks).
-#[inline(always)]
-pub(crate) fn head<A>(s: &[A], n: usize) -> &[A] {
-    &s[..n.min(s.len())]
-}
-
 mod backward;
 mod forward;
 mod stats;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use backward::{backward, partial_rows, reduce_partials, Backward};
-pub(crate) use forward::{forward, widen, Forward};
+pub(crate) use backward::{backward, Backward};
+pub(crate) use forward::forward;

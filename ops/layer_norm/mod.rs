@@ -21,8 +21,9 @@
 //!
 //! (docs/layernorm.md derives this from the step-by-step chain rule.) The
 //! state is `x` and `gamma` (shared handles to tensors the graph holds
-//! anyway) plus `mean` and `rstd` in `T::Acc`: 2N numbers. `xhat` is
-//! recomputed in backward from `x`, `mean` and `rstd`.
+//! anyway) plus `mean` and `rstd`: two tensors of N numbers in `T::Acc` on
+//! `x`'s device. `xhat` is recomputed in backward from `x`, `mean` and
+//! `rstd`.
 //!
 //! NaN follows IEEE arithmetic row by row: a NaN (or infinity) in one row
 //! makes that row's `y` and `dx` NaN and leaves every other row alone;
@@ -32,7 +33,10 @@
 //! Finite rows of any magnitude stay finite and accurate: rows the kernel's
 //! arithmetic cannot represent (spread past ~1.8e19 in f32, or statistics
 //! lost to subnormals) are recomputed by the scaled fallback in
-//! `scaled.rs`, and then the node's backward runs there too.
+//! `scaled.rs`, and then the node's backward runs there too. The kernel
+//! raises a flag when some row's statistics are out of its trusted range,
+//! and only then are rows looked for (so a device kernel's statistics need
+//! not come back to the host on the common path).
 
 pub(crate) mod cpu;
 pub(crate) mod scaled;
@@ -41,9 +45,10 @@ use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
+use crate::ops::norm::NormSpec;
 use crate::shape::checked_numel;
 use crate::tape::{Tape, Var};
-use crate::tensor::Tensor;
+use crate::tensor::{Storage, Tensor};
 use num_traits::{Float, Zero};
 
 /// `eps` checked and converted to the accumulation type: it must be finite
@@ -130,24 +135,35 @@ struct LayerNorm<A> {
     has_beta: bool,
 }
 
-/// What the fused backward keeps: 2N statistics plus handles to `x` and
-/// `gamma` (no copies).
-pub(crate) struct LayerNormState<T: Element> {
+/// What the fused backward keeps: 2N statistics (tensors of `[N]` on
+/// `x`'s device) plus handles to `x` and `gamma` (no copies).
+pub(crate) struct LayerNormState<T: Element>
+where
+    T::Acc: Element,
+{
     x: Tensor<T>,
     gamma: Option<Tensor<T>>,
-    mean: Vec<T::Acc>,
-    rstd: Vec<T::Acc>,
+    mean: Tensor<T::Acc>,
+    rstd: Tensor<T::Acc>,
     /// Some row took the scaled fallback: backward runs there.
     scaled: bool,
 }
 
-impl<T: Element> Saved for LayerNormState<T> {
+impl<T: Element> Saved for LayerNormState<T>
+where
+    T::Acc: Element,
+{
     fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
         self.x.visit(f);
         self.gamma.visit(f);
-        let stats = self.mean.len() + self.rstd.len();
-        f(SavedItem::Raw(stats * std::mem::size_of::<T::Acc>()));
+        self.mean.visit(f);
+        self.rstd.visit(f);
     }
+}
+
+/// Empty statistics for an input with no rows.
+pub(crate) fn no_stats<A: Element>() -> Result<Tensor<A>> {
+    Tensor::from_buffer(&[0], Buffer::default())
 }
 
 /// The input at `i` or an error (inputs are built by this module, so this
@@ -166,7 +182,10 @@ pub(crate) fn input<'a, T: Element>(
         })
 }
 
-impl<T: Element> Op<T> for LayerNorm<T::Acc> {
+impl<T: Element> Op<T> for LayerNorm<T::Acc>
+where
+    T::Acc: Element,
+{
     type State = LayerNormState<T>;
 
     fn name(&self) -> &'static str {
@@ -190,46 +209,54 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 });
             }
         }
-        let xs = x.as_slice()?;
-        let (gs, bs) = (
-            gamma.map(|g| g.as_slice()).transpose()?,
-            beta.map(|b| b.as_slice()).transpose()?,
-        );
         // No rows: nothing to compute (and `d` may be huge).
-        if xs.is_empty() {
+        if x.numel() == 0 {
             let state = LayerNormState {
                 x: x.clone(),
                 gamma: gamma.cloned(),
-                mean: Vec::new(),
-                rstd: Vec::new(),
+                mean: no_stats()?,
+                rstd: no_stats()?,
                 scaled: false,
             };
             return Ok((x.clone(), state));
         }
-        let (y, mean, rstd) = T::ln_forward(xs, self.d, gs, bs, self.eps);
-        let mut out = cpu::Forward { y, mean, rstd };
-        let rows = scaled::suspect_rows(xs, self.d, Some(&out.mean), &out.rstd);
-        scaled::forward_rows(
-            xs,
-            self.d,
-            gs,
-            bs,
-            self.eps.f64(),
-            true,
-            &rows,
-            &mut out.y,
-            Some(&mut out.mean),
-            &mut out.rstd,
-        );
-        let y = Tensor::from_buffer(x.shape(), out.y)?;
+        let (y, mean, rstd, scaled) = match x.storage() {
+            Storage::Cpu(xs) => {
+                let (gs, bs) = (
+                    gamma.map(|g| g.as_slice()).transpose()?,
+                    beta.map(|b| b.as_slice()).transpose()?,
+                );
+                let mut out = cpu::forward(xs, self.d, gs, bs, self.eps);
+                // Rows are looked for only when the kernel flagged one.
+                let rows = if out.suspect {
+                    scaled::suspect_rows(xs, self.d, Some(&out.mean), &out.rstd)
+                } else {
+                    Vec::new()
+                };
+                scaled::forward_rows(
+                    xs,
+                    self.d,
+                    gs,
+                    bs,
+                    self.eps.f64(),
+                    true,
+                    &rows,
+                    &mut out.y,
+                    Some(&mut out.mean),
+                    &mut out.rstd,
+                );
+                (out.y, out.mean, out.rstd, !rows.is_empty())
+            }
+        };
+        let n = [mean.len()];
         let state = LayerNormState {
             x: x.clone(),
             gamma: gamma.cloned(),
-            mean: out.mean,
-            rstd: out.rstd,
-            scaled: !rows.is_empty(),
+            mean: Tensor::from_buffer(&n, mean)?,
+            rstd: Tensor::from_buffer(&n, rstd)?,
+            scaled,
         };
-        Ok((y, state))
+        Ok((Tensor::from_buffer(x.shape(), y)?, state))
     }
 
     /// See the module doc for the formulas; `needs` is `[x, gamma?, beta?]`.
@@ -277,9 +304,9 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 dbeta: g.dbeta.map(Buffer::from_vec),
             }
         } else {
-            let want = [need(0), want_dg, want_db];
-            let [dx, dgamma, dbeta] = T::ln_backward(xs, dy, self.d, gs, &s.mean, &s.rstd, want);
-            cpu::Backward { dx, dgamma, dbeta }
+            let (mean, rstd) = (s.mean.as_slice()?, s.rstd.as_slice()?);
+            let (dx, dg, db) = (need(0), want_dg, want_db);
+            cpu::backward(xs, dy, self.d, gs, mean, rstd, dx, dg, db)
         };
         let shaped = |v: Option<Buffer<T>>, shape: &[usize]| {
             v.map(|v| Tensor::from_buffer(shape, v)).transpose()
@@ -331,12 +358,29 @@ pub fn layer_norm_nd<T: Element>(
     let mut inputs = vec![x];
     inputs.extend(gamma);
     inputs.extend(beta);
-    let ln = LayerNorm {
+    let spec = NormSpec {
         normalized: normalized_shape.to_vec(),
         d,
-        eps,
+        eps: eps.f64(),
         has_gamma: gamma.is_some(),
         has_beta: beta.is_some(),
     };
-    Tape::apply(ln, &inputs)
+    T::layer_norm_node(spec, &inputs)
+}
+
+/// The LayerNorm node of a checked `spec`, for one concrete `T` (through
+/// `NormOps`, so that it is compiled once, in this crate).
+pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>>
+where
+    T::Acc: Element,
+{
+    let ln = LayerNorm {
+        normalized: spec.normalized,
+        d: spec.d,
+        // Exact: `spec.eps` is `T::Acc`'s checked eps, widened.
+        eps: <T::Acc as Accum>::of(spec.eps),
+        has_gamma: spec.has_gamma,
+        has_beta: spec.has_beta,
+    };
+    Tape::apply(ln, inputs)
 }

@@ -148,9 +148,18 @@ pub(crate) fn rstd_limit<A: Accum>() -> A {
     (A::min_positive_value() / (e * e)).sqrt().recip()
 }
 
+/// Whether one row's kernel statistics are in the range the kernels are
+/// trusted with: `mean` finite (0 for RMSNorm) and `0 < rstd <= limit`
+/// ([`rstd_limit`]); false for NaN. The kernels fold it into the flag they
+/// return, so no caller reads the statistics back unless it is raised.
+#[inline(always)]
+pub(crate) fn trusted<A: Accum>(mean: A, rstd: A, limit: A) -> bool {
+    mean.is_finite() & (rstd > A::zero()) & (rstd <= limit)
+}
+
 /// Rows (by index) whose values are all finite but whose kernel statistics
-/// show overflow or subnormal loss. `mean` is `None` for RMSNorm. Costs one
-/// comparison per row unless a row is suspect.
+/// show overflow or subnormal loss. `mean` is `None` for RMSNorm. Called
+/// only when the kernel's flag says some row is out of range.
 pub(crate) fn suspect_rows<T: Element>(
     x: &[T],
     d: usize,
@@ -161,9 +170,8 @@ pub(crate) fn suspect_rows<T: Element>(
     let zero = Acc::<T>::zero();
     let mut rows = Vec::new();
     for (i, &r) in rstd.iter().enumerate() {
-        let m_ok = mean.is_none_or(|m| m.get(i).is_some_and(|v| v.is_finite()));
-        // `!(r > 0 && r <= limit)` also catches NaN.
-        if m_ok && r > zero && r <= limit {
+        let m = mean.map_or(Some(zero), |m| m.get(i).copied());
+        if m.is_some_and(|m| trusted(m, r, limit)) {
             continue;
         }
         let finite = x

@@ -12,7 +12,8 @@ use crate::device::cpu::{
 };
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
-use crate::ops::layer_norm::cpu::{
+use crate::ops::layer_norm::scaled::{rstd_limit, trusted};
+use crate::ops::norm::cpu_rows::{
     at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, LANES,
 };
 use crate::tensor::Tensor;
@@ -51,14 +52,17 @@ struct Fwd<'a, T: Element, const G: bool, const NT: bool> {
     gamma: &'a [Acc<T>],
     d: usize,
     eps: Acc<T>,
+    /// Largest trusted `rstd` ([`rstd_limit`]).
+    limit: Acc<T>,
 }
 
 impl<T: Element, const G: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, NT> {
-    type Output = ();
+    /// Whether some row's `rstd` is out of the trusted range ([`trusted`]).
+    type Output = bool;
 
     /// Per row: `rstd = 1/sqrt(sum(x^2)/d + eps)`, `y = x * rstd * gamma`.
     #[inline(always)]
-    fn run<V: Lanes<T>>(self) {
+    fn run<V: Lanes<T>>(self) -> bool {
         let Fwd {
             x,
             y,
@@ -66,12 +70,15 @@ impl<T: Element, const G: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, NT> 
             gamma,
             d,
             eps,
+            limit,
         } = self;
+        let mut suspect = false;
         let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
         for ((xr, yr), r_out) in rows.zip(rstd.iter_mut()) {
             let ms = row_sq::<T, V>(xr) / count(d);
             let r = Acc::<T>::one() / (ms + eps).sqrt();
             *r_out = r;
+            suspect |= !trusted(Acc::<T>::zero(), r, limit);
             let n = d.min(if G { gamma.len() } else { d });
             let (xr, yr, g) = (head(xr, n), &mut yr[..n], head(gamma, n));
             let rv = V::splat(r);
@@ -97,10 +104,12 @@ impl<T: Element, const G: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, NT> 
             }
         }
         fence::<NT>();
+        suspect
     }
 }
 
-/// Runs the forward tasks, one per chunk of rows ([`dispatch_all`]).
+/// Runs the forward tasks, one per chunk of rows ([`dispatch_all`]);
+/// whether any row is suspect.
 fn fwd_launch<T: Element, const G: bool, const NT: bool>(
     x: &[T],
     y: &mut [T],
@@ -108,8 +117,9 @@ fn fwd_launch<T: Element, const G: bool, const NT: bool>(
     gamma: &[Acc<T>],
     d: usize,
     eps: Acc<T>,
-) {
+) -> bool {
     let rpc = rows_per_chunk(d);
+    let limit = rstd_limit::<Acc<T>>();
     let jobs: Vec<Fwd<'_, T, G, NT>> = x
         .chunks(rpc * d)
         .zip(y.chunks_mut(rpc * d))
@@ -121,33 +131,35 @@ fn fwd_launch<T: Element, const G: bool, const NT: bool>(
             gamma,
             d,
             eps,
+            limit,
         })
         .collect();
-    dispatch_all(jobs);
+    dispatch_all(jobs).contains(&true)
 }
 
-/// RMSNorm forward over `x.len() / d` rows: `(y, rstd)`.
+/// RMSNorm forward over `x.len() / d` rows: `(y, rstd, suspect)`, where
+/// `suspect` says some row's `rstd` is out of the trusted range.
 pub(crate) fn forward<T: Element>(
     x: &[T],
     d: usize,
     gamma: Option<&[T]>,
     eps: Acc<T>,
-) -> (Buffer<T>, Vec<Acc<T>>)
+) -> (Buffer<T>, Buffer<Acc<T>>, bool)
 where
     Acc<T>: Element,
 {
     let n = x.len() / d;
     let g = widen(gamma);
     let mut y = Tensor::<T>::scratch(n * d);
-    let mut rstd = vec![<Acc<T> as Zero>::zero(); n];
+    let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
     let run = match (gamma.is_some(), should_stream::<T>(n * d)) {
         (true, false) => fwd_launch::<T, true, false>,
         (false, false) => fwd_launch::<T, false, false>,
         (true, true) => fwd_launch::<T, true, true>,
         (false, true) => fwd_launch::<T, false, true>,
     };
-    run(&x[..n * d], &mut y, &mut rstd, &g, d, eps);
-    (y, rstd)
+    let suspect = run(&x[..n * d], &mut y, &mut rstd, &g, d, eps);
+    (y, rstd, suspect)
 }
 
 /// Pass A of one backward row: `xhat = x * r`, returns the sum of

@@ -12,10 +12,11 @@
 //! Backward, with `g = dy * gamma` and `<.>` the mean over the row:
 //! `dx = rstd * (g - xhat * <g * xhat>)`, `dgamma = sum over rows of dy * xhat`.
 //! (From `d rstd / d x_k = -rstd^3 x_k / D`; docs/layernorm.md has the
-//! derivation.) The state is `x`, `gamma` (shared handles) and `rstd`: N
-//! numbers in `T::Acc`. NaN stays in its row, as for LayerNorm. Finite rows
-//! whose squares overflow (|x| past ~1.8e19 in f32) or underflow take the
-//! scaled fallback of `ops/layer_norm/scaled.rs`, as for LayerNorm.
+//! derivation.) The state is `x`, `gamma` (shared handles) and `rstd`: a
+//! tensor of N numbers in `T::Acc` on `x`'s device. NaN stays in its row, as
+//! for LayerNorm. Finite rows whose squares overflow (|x| past ~1.8e19 in
+//! f32) or underflow take the scaled fallback of `ops/layer_norm/scaled.rs`,
+//! looked for only when the kernel flags a row, as for LayerNorm.
 
 pub(crate) mod cpu;
 
@@ -25,9 +26,10 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
 use crate::ops::layer_norm::scaled;
-use crate::ops::layer_norm::{check_eps, check_param, input, last_axis, rows_and_len};
+use crate::ops::layer_norm::{check_eps, check_param, input, last_axis, no_stats, rows_and_len};
+use crate::ops::norm::NormSpec;
 use crate::tape::{Tape, Var};
-use crate::tensor::Tensor;
+use crate::tensor::{Storage, Tensor};
 
 /// The fused RMSNorm op; inputs `[x, gamma?]`.
 struct RmsNorm<A> {
@@ -37,27 +39,34 @@ struct RmsNorm<A> {
     has_gamma: bool,
 }
 
-/// What the fused backward keeps: N values of `rstd` plus handles to `x`
-/// and `gamma`.
-pub(crate) struct RmsNormState<T: Element> {
+/// What the fused backward keeps: N values of `rstd` (a tensor of `[N]`
+/// on `x`'s device) plus handles to `x` and `gamma`.
+pub(crate) struct RmsNormState<T: Element>
+where
+    T::Acc: Element,
+{
     x: Tensor<T>,
     gamma: Option<Tensor<T>>,
-    rstd: Vec<T::Acc>,
+    rstd: Tensor<T::Acc>,
     /// Some row took the scaled fallback: backward runs there.
     scaled: bool,
 }
 
-impl<T: Element> Saved for RmsNormState<T> {
+impl<T: Element> Saved for RmsNormState<T>
+where
+    T::Acc: Element,
+{
     fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
         self.x.visit(f);
         self.gamma.visit(f);
-        f(SavedItem::Raw(
-            self.rstd.len() * std::mem::size_of::<T::Acc>(),
-        ));
+        self.rstd.visit(f);
     }
 }
 
-impl<T: Element> Op<T> for RmsNorm<T::Acc> {
+impl<T: Element> Op<T> for RmsNorm<T::Acc>
+where
+    T::Acc: Element,
+{
     type State = RmsNormState<T>;
 
     fn name(&self) -> &'static str {
@@ -77,40 +86,48 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
                 });
             }
         }
-        let xs = x.as_slice()?;
-        let gs = gamma.map(|g| g.as_slice()).transpose()?;
         // No rows: nothing to compute (and `d` may be huge).
-        if xs.is_empty() {
+        if x.numel() == 0 {
             let state = RmsNormState {
                 x: x.clone(),
                 gamma: gamma.cloned(),
-                rstd: Vec::new(),
+                rstd: no_stats()?,
                 scaled: false,
             };
             return Ok((x.clone(), state));
         }
-        let (mut y, mut rstd) = T::rms_forward(xs, self.d, gs, self.eps);
-        let rows = scaled::suspect_rows(xs, self.d, None, &rstd);
-        scaled::forward_rows(
-            xs,
-            self.d,
-            gs,
-            None,
-            self.eps.f64(),
-            false,
-            &rows,
-            &mut y,
-            None,
-            &mut rstd,
-        );
-        let y = Tensor::from_buffer(x.shape(), y)?;
+        let (y, rstd, scaled) = match x.storage() {
+            Storage::Cpu(xs) => {
+                let gs = gamma.map(|g| g.as_slice()).transpose()?;
+                let (mut y, mut rstd, suspect) = cpu::forward(xs, self.d, gs, self.eps);
+                // Rows are looked for only when the kernel flagged one.
+                let rows = if suspect {
+                    scaled::suspect_rows(xs, self.d, None, &rstd)
+                } else {
+                    Vec::new()
+                };
+                scaled::forward_rows(
+                    xs,
+                    self.d,
+                    gs,
+                    None,
+                    self.eps.f64(),
+                    false,
+                    &rows,
+                    &mut y,
+                    None,
+                    &mut rstd,
+                );
+                (y, rstd, !rows.is_empty())
+            }
+        };
         let state = RmsNormState {
             x: x.clone(),
             gamma: gamma.cloned(),
-            rstd,
-            scaled: !rows.is_empty(),
+            rstd: Tensor::from_buffer(&[rstd.len()], rstd)?,
+            scaled,
         };
-        Ok((y, state))
+        Ok((Tensor::from_buffer(x.shape(), y)?, state))
     }
 
     fn backward(
@@ -148,8 +165,7 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
             );
             (g.dx.map(Buffer::from_vec), g.dgamma.map(Buffer::from_vec))
         } else {
-            let [dx, dg] = T::rms_backward(xs, dy, self.d, gs, &s.rstd, [need(0), want_dg]);
-            (dx, dg)
+            cpu::backward(xs, dy, self.d, gs, s.rstd.as_slice()?, need(0), want_dg)
         };
         let mut grads = vec![dx
             .map(|v| Tensor::from_buffer(s.x.shape(), v))
@@ -187,11 +203,28 @@ pub fn rms_norm_nd<T: Element>(
     check_param("rms_norm: gamma", gamma, normalized_shape)?;
     let mut inputs = vec![x];
     inputs.extend(gamma);
-    let op = RmsNorm {
+    let spec = NormSpec {
         normalized: normalized_shape.to_vec(),
         d,
-        eps,
+        eps: eps.f64(),
         has_gamma: gamma.is_some(),
+        has_beta: false,
     };
-    Tape::apply(op, &inputs)
+    T::rms_norm_node(spec, &inputs)
+}
+
+/// The RMSNorm node of a checked `spec`, for one concrete `T` (through
+/// `NormOps`, so that it is compiled once, in this crate).
+pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>>
+where
+    T::Acc: Element,
+{
+    let op = RmsNorm {
+        normalized: spec.normalized,
+        d: spec.d,
+        // Exact: `spec.eps` is `T::Acc`'s checked eps, widened.
+        eps: <T::Acc as Accum>::of(spec.eps),
+        has_gamma: spec.has_gamma,
+    };
+    Tape::apply(op, inputs)
 }

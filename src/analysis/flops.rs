@@ -185,8 +185,9 @@ mod counted {
         }
     }
 
+    crate::ops::norm::norm_ops!(Counted);
+
     impl Element for Counted {
-        crate::dtype::kernels!(Counted);
         type Acc = Counted;
         const NAME: &'static str = "counted";
         fn pool() -> &'static crate::device::pool::Pool<Self> {

@@ -170,7 +170,7 @@ fn fused_traffic_node(
     let n = nd / d;
     let params: usize = isz.iter().skip(1).sum();
     let fwd = (nd + params + nd) * elem + stats * n * acc;
-    let groups = crate::ops::layer_norm::cpu::groups(n, d);
+    let groups = crate::ops::norm::cpu_rows::groups(n, d);
     let want_params = need.iter().skip(1).any(|&b| b);
     // Each group writes its partial rows and the reduction reads them back.
     let partial = if want_params {

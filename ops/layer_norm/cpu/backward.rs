@@ -568,45 +568,6 @@ pub(crate) struct Backward<T: Element> {
     pub dbeta: Option<Buffer<T>>,
 }
 
-/// The backward groups' partial rows, if `want`: one row of `width` per
-/// group of `rpg` rows of `d` in `len` elements, in one buffer from the
-/// pool (each task zeroes its own row), so that large partial rows do not
-/// fault in fresh pages on every backward call; else none.
-pub(crate) fn partial_rows<A: Element>(
-    want: bool,
-    len: usize,
-    (rpg, d): (usize, usize),
-    width: usize,
-) -> Buffer<A> {
-    if want {
-        Buffer::take(len.div_ceil(rpg * d) * width)
-    } else {
-        Buffer::default()
-    }
-}
-
-/// Sums the groups' partial rows (`parts`, rows of `width`) in group order,
-/// column block by column block (in parallel for wide rows, on the kernels'
-/// team like their tasks; each column's order is the same).
-pub(crate) fn reduce_partials<A: Accum + Element>(parts: &[A], width: usize) -> Buffer<A> {
-    let mut out = Buffer::<A>::take(width);
-    out.fill(<A as Zero>::zero());
-    const COLS: usize = 4096;
-    let sum_cols = |(c, o): (usize, &mut [A])| {
-        for p in parts.chunks_exact(width.max(1)) {
-            for (ov, pv) in o.iter_mut().zip(p.iter().skip(c * COLS)) {
-                *ov += *pv;
-            }
-        }
-    };
-    if parts.len() <= 1 << 16 {
-        out.chunks_mut(COLS).enumerate().for_each(sum_cols);
-    } else {
-        run_each(out.chunks_mut(COLS).enumerate().collect(), sum_cols);
-    }
-    out
-}
-
 /// Runs the backward groups (in parallel when there are several), group
 /// `k` filling row `k` of `parts` (rows of `2d`) with its partials if `P`.
 #[allow(clippy::too_many_arguments)]

@@ -2,6 +2,7 @@
 
 use super::stats::{MeanPass, RowPass, VarPass};
 use super::*;
+use crate::ops::layer_norm::scaled::{rstd_limit, trusted};
 
 /// One forward task: whole rows of `x` and the matching `y`, `mean`, `rstd`.
 /// `G`/`B` say whether gamma/beta are present (their slices are empty if
@@ -21,10 +22,15 @@ struct Fwd<'a, T: Element, const G: bool, const B: bool, const NT: bool> {
     /// [`prefetch_next`] (both read once per task, not per row).
     seg: bool,
     pf_next: bool,
+    /// Largest trusted `rstd` ([`rstd_limit`]), and whether some row's
+    /// statistics fell outside the trusted range ([`trusted`]).
+    limit: Acc<T>,
+    suspect: bool,
 }
 
 impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, B, NT> {
-    type Output = ();
+    /// Whether some row's statistics are out of the trusted range.
+    type Output = bool;
 
     /// Per row: statistics, then `y = (x - m) * rstd * g + b`; the rows go
     /// [`rows_in_step`] at a time, the last few one by one. Where the next
@@ -35,7 +41,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd
     /// (no pass then runs on its own); for rows in lockstep, the next rows'
     /// mean pass. Rows too short for that may go [`stats_first`].
     #[inline(always)]
-    fn run<V: Lanes<T>>(mut self) {
+    fn run<V: Lanes<T>>(mut self) -> bool {
         let n = self.mean.len().min(self.rstd.len());
         let n = n.min(self.x.len() / self.d.max(1));
         let row_bytes = self.d * std::mem::size_of::<T>();
@@ -61,6 +67,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd
             i += 1;
         }
         fence::<NT>();
+        self.suspect
     }
 
     /// Rows past 64 KiB run in 256-bit lanes ([`narrow_lanes`]).
@@ -149,6 +156,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
         for s in 0..R {
             if let (Some(mo), Some(ro)) = (self.mean.get_mut(i + s), self.rstd.get_mut(i + s)) {
                 (*mo, *ro) = (m[s], r[s]);
+                self.suspect |= !trusted(m[s], r[s], self.limit);
             }
         }
         let n = d.min(if G { self.gamma.len() } else { d });
@@ -264,20 +272,18 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
     }
 }
 
-/// The forward's outputs: `y` and the per-row statistics backward needs.
-pub(crate) struct Forward<T: Element> {
-    pub y: Buffer<T>,
-    pub mean: Vec<Acc<T>>,
-    pub rstd: Vec<Acc<T>>,
-}
-
-/// Widens an optional parameter row to the accumulation type.
-pub(crate) fn widen<T: Element>(p: Option<&[T]>) -> Buffer<Acc<T>>
+/// The forward's outputs: `y`, the per-row statistics backward needs, and
+/// whether some row's statistics are out of the trusted range (then, and
+/// only then, the caller looks for rows to recompute: see
+/// `ops/layer_norm/scaled.rs`).
+pub(crate) struct Forward<T: Element>
 where
     Acc<T>: Element,
 {
-    p.map(|p| Buffer::collect(p.len(), p.iter().map(|v| v.to_acc())))
-        .unwrap_or_default()
+    pub y: Buffer<T>,
+    pub mean: Buffer<Acc<T>>,
+    pub rstd: Buffer<Acc<T>>,
+    pub suspect: bool,
 }
 
 /// Steps of [`ROWS_IN_STEP`] rows a forward task over rows in lockstep
@@ -298,7 +304,7 @@ pub(super) fn fwd_rows_per_task(row_bytes: usize, rpc: usize) -> usize {
 }
 
 /// Runs the forward tasks: one per chunk of rows, in parallel when there
-/// is more than one ([`dispatch_all`]).
+/// is more than one ([`dispatch_all`]); whether any row is suspect.
 #[allow(clippy::too_many_arguments)]
 fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
     x: &[T],
@@ -309,8 +315,9 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
     beta: &[Acc<T>],
     d: usize,
     eps: Acc<T>,
-) {
+) -> bool {
     let row_bytes = d * std::mem::size_of::<T>();
+    let limit = rstd_limit::<Acc<T>>();
     let (seg, pf_next) = (segmented(row_bytes), prefetch_next_on());
     let rpc = fwd_rows_per_task(row_bytes, rows_per_chunk(d));
     let jobs: Vec<Fwd<'_, T, G, B, NT>> = x
@@ -329,9 +336,11 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
             ahead_rows: 1,
             seg,
             pf_next,
+            limit,
+            suspect: false,
         })
         .collect();
-    dispatch_all(jobs);
+    dispatch_all(jobs).contains(&true)
 }
 
 /// LayerNorm forward over `x.len() / d` rows of `d` (`d > 0`; a parameter,
@@ -349,8 +358,8 @@ where
     let n = x.len() / d;
     let (g, b) = (widen(gamma), widen(beta));
     let mut y = Tensor::<T>::scratch(n * d);
-    let mut mean = vec![<Acc<T> as Zero>::zero(); n];
-    let mut rstd = vec![<Acc<T> as Zero>::zero(); n];
+    let mut mean = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
+    let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
     let run = match (gamma.is_some(), beta.is_some(), should_stream::<T>(n * d)) {
         (true, true, false) => fwd_launch::<T, true, true, false>,
         (true, false, false) => fwd_launch::<T, true, false, false>,
@@ -361,6 +370,11 @@ where
         (false, true, true) => fwd_launch::<T, false, true, true>,
         (false, false, true) => fwd_launch::<T, false, false, true>,
     };
-    run(&x[..n * d], &mut y, &mut mean, &mut rstd, &g, &b, d, eps);
-    Forward { y, mean, rstd }
+    let suspect = run(&x[..n * d], &mut y, &mut mean, &mut rstd, &g, &b, d, eps);
+    Forward {
+        y,
+        mean,
+        rstd,
+        suspect,
+    }
 }
