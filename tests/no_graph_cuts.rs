@@ -121,15 +121,22 @@ fn inputs(shapes: &[Vec<usize>], rng: &mut Rng) -> Vec<Tensor<f64>> {
         .collect()
 }
 
-/// The names of the `pub fn`s in `ops/` (the files behind `fusegrad::ops`;
-/// `util.rs` is private).
+/// The names of the `pub fn`s in `ops/` (the files behind `fusegrad::ops`,
+/// and the files of each op family's folder; `util.rs` is private).
 fn public_ops() -> BTreeSet<String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ops");
     let mut files = vec![];
     for e in std::fs::read_dir(&root).unwrap() {
         let p = e.unwrap().path();
         if p.is_dir() {
-            files.push(p.join("mod.rs"));
+            // An op family's ops sit in its `mod.rs` or in sibling files
+            // (`elementwise/unary.rs`); device loops hold no public ops.
+            for f in std::fs::read_dir(&p).unwrap() {
+                let f = f.unwrap().path();
+                if f.extension().is_some_and(|x| x == "rs") {
+                    files.push(f);
+                }
+            }
         } else if p
             .file_name()
             .is_some_and(|n| n != "util.rs" && n != "mod.rs")
