@@ -190,7 +190,7 @@ impl<T: Element> Op<T> for CrossEntropy {
         let (n, c) = check_ce(shape, &st.targets)?;
         let k = scalar("cross_entropy", g)? / acc_of::<T>(n);
         let xs = st.logits.as_slice()?;
-        let mut out = vec![T::zero(); xs.len()];
+        let mut out = vec![T::ZERO; xs.len()];
         if c > 0 {
             for ((((orow, row), &t), &m), &ls) in out
                 .chunks_exact_mut(c)

@@ -39,7 +39,7 @@ fn gemm<T: Element>(a: &[T], b: &[T], out: &mut [T], k: usize, n: usize, paralle
         return;
     }
     if k == 0 {
-        out.fill(T::zero());
+        out.fill(T::ZERO);
         return;
     }
     let m = out.len() / n;
@@ -158,7 +158,7 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     let mut shape = batch.clone();
     shape.extend([m, n]);
     // `[m, 1] @ [1, n]` is far larger than its operands: allocate fallibly.
-    let mut out = alloc_filled(OP, &shape, T::zero())?;
+    let mut out = alloc_filled(OP, &shape, T::ZERO)?;
     let total = out.len();
     let (sa, sb) = (a.as_slice()?, b.as_slice()?);
     if total == 0 {
@@ -205,7 +205,7 @@ fn transpose_last2<T: Element>(t: &Tensor<T>) -> Result<Tensor<T>> {
     let (p, q) = (shape[r - 2], shape[r - 1]);
     shape.swap(r - 2, r - 1);
     let s = t.as_slice()?;
-    let mut out = vec![T::zero(); s.len()];
+    let mut out = vec![T::ZERO; s.len()];
     // `p * q` may overflow for an empty tensor such as [0, 2^40, 2^40].
     if !s.is_empty() {
         for (src, dst) in s.chunks_exact(p * q).zip(out.chunks_exact_mut(p * q)) {

@@ -103,7 +103,7 @@ impl<T: Element> Op<T> for Softmax {
         let (d, inner) = split(x.shape(), self.axis);
         let block = d.saturating_mul(inner);
         let xs = x.as_slice()?;
-        let mut out = vec![T::zero(); xs.len()];
+        let mut out = vec![T::ZERO; xs.len()];
         let log = self.log;
         per_block(&mut out, block, |b, o| {
             let xb = &xs[b * block..(b + 1) * block];
@@ -147,7 +147,7 @@ impl<T: Element> Op<T> for Softmax {
         let (d, inner) = split(y.shape(), self.axis);
         let block = d.saturating_mul(inner);
         let (ys, gs) = (y.as_slice()?, g.as_slice()?);
-        let mut out = vec![T::zero(); ys.len()];
+        let mut out = vec![T::ZERO; ys.len()];
         let log = self.log;
         per_block(&mut out, block, |b, o| {
             let range = b * block..(b + 1) * block;

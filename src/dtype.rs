@@ -1,5 +1,6 @@
 //! Element types and their accumulation types.
 
+use crate::device::cpu::CpuBuilds;
 use crate::device::pool::Pool;
 use crate::ops::norm::NormOps;
 use num_traits::{Float, FromPrimitive};
@@ -55,11 +56,15 @@ impl Accum for f64 {
 /// Arithmetic runs in [`Element::Acc`]: the type itself for f32 and f64, and
 /// f32 for the 16-bit types, which are only a storage format.
 ///
-/// `NormOps` is a sealed supertrait: the fused norms' per-type entry
-/// points, compiled once in this crate (see `ops/norm/mod.rs`).
-pub trait Element: NormOps + Copy + Debug + Default + PartialEq + Send + Sync + 'static {
-    /// Accumulation type.
-    type Acc: Accum;
+/// `NormOps` and `CpuBuilds` are sealed supertraits: the fused norms'
+/// per-type entry points, compiled once in this crate (see
+/// `ops/norm/mod.rs`), and which CPU kernel builds the type has.
+pub trait Element:
+    NormOps + CpuBuilds + Copy + Debug + Default + PartialEq + Send + Sync + 'static
+{
+    /// Accumulation type: itself an element (its own accumulation type), so
+    /// that statistics and optimizer state are tensors too.
+    type Acc: Accum + Element<Acc = Self::Acc>;
     /// Short name: "f32", "f64", "f16", "bf16".
     const NAME: &'static str;
     /// Widen to the accumulation type.
@@ -77,15 +82,9 @@ pub trait Element: NormOps + Copy + Debug + Default + PartialEq + Send + Sync + 
         Self::from_acc(<Self::Acc as Accum>::of(v))
     }
     /// Zero.
-    #[inline(always)]
-    fn zero() -> Self {
-        Self::from_f64(0.0)
-    }
+    const ZERO: Self;
     /// One.
-    #[inline(always)]
-    fn one() -> Self {
-        Self::from_f64(1.0)
-    }
+    const ONE: Self;
     /// The cache of large buffers of this type (crate-private).
     #[doc(hidden)]
     fn pool() -> &'static Pool<Self>;
@@ -98,6 +97,8 @@ impl Element for f32 {
     }
     type Acc = f32;
     const NAME: &'static str = "f32";
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
     #[inline(always)]
     fn to_acc(self) -> f32 {
         self
@@ -115,6 +116,8 @@ impl Element for f64 {
     }
     type Acc = f64;
     const NAME: &'static str = "f64";
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
     #[inline(always)]
     fn to_acc(self) -> f64 {
         self
@@ -132,6 +135,8 @@ impl Element for half::f16 {
     }
     type Acc = f32;
     const NAME: &'static str = "f16";
+    const ZERO: Self = half::f16::ZERO;
+    const ONE: Self = half::f16::ONE;
     #[inline(always)]
     fn to_acc(self) -> f32 {
         self.to_f32()
@@ -149,6 +154,8 @@ impl Element for half::bf16 {
     }
     type Acc = f32;
     const NAME: &'static str = "bf16";
+    const ZERO: Self = half::bf16::ZERO;
+    const ONE: Self = half::bf16::ONE;
     #[inline(always)]
     fn to_acc(self) -> f32 {
         self.to_f32()

@@ -219,7 +219,7 @@ impl<T: Element> Tensor<T> {
 
     /// A tensor of zeros.
     pub fn zeros(shape: &[usize]) -> Result<Self> {
-        Self::full(shape, T::zero())
+        Self::full(shape, T::ZERO)
     }
 
     /// Copies the values out as an ndarray array.

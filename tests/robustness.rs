@@ -721,7 +721,7 @@ fn run_case<T: Element>(case: &Case) -> Result<(), TestCaseError> {
     for leaf in &case.leaves {
         let mut shape = leaf.shape.clone();
         if let Expect::Err(k) = size_rule(&shape, elem) {
-            let e = guarded("Tensor::full", || Tensor::<T>::full(&shape, T::one()))?;
+            let e = guarded("Tensor::full", || Tensor::<T>::full(&shape, T::ONE))?;
             prop_assert!(
                 e.as_ref().is_err_and(|e| k.contains(&kind(e))),
                 "full({:?}) = {:?}",

@@ -339,13 +339,14 @@ impl<T: Element> Kernel<T> for LinRow<'_, T> {
     #[inline(always)]
     fn run<V: Lanes<T>>(self) {
         let LinRow { op, a, b, dst, nt } = self;
+        // Streaming builds for f32 only (`T::SIMD` keeps the others out).
         match (op, nt) {
-            (Lin::Add, false) => lin::<T, V, false>(dst, a, b, V::add, |p, q| p + q),
-            (Lin::Add, true) => lin::<T, V, true>(dst, a, b, V::add, |p, q| p + q),
-            (Lin::Sub, false) => lin::<T, V, false>(dst, a, b, V::sub, |p, q| p - q),
-            (Lin::Sub, true) => lin::<T, V, true>(dst, a, b, V::sub, |p, q| p - q),
-            (Lin::Mul, false) => lin::<T, V, false>(dst, a, b, V::mul, |p, q| p * q),
-            (Lin::Mul, true) => lin::<T, V, true>(dst, a, b, V::mul, |p, q| p * q),
+            (Lin::Add, true) if T::SIMD => lin::<T, V, true>(dst, a, b, V::add, |p, q| p + q),
+            (Lin::Sub, true) if T::SIMD => lin::<T, V, true>(dst, a, b, V::sub, |p, q| p - q),
+            (Lin::Mul, true) if T::SIMD => lin::<T, V, true>(dst, a, b, V::mul, |p, q| p * q),
+            (Lin::Add, _) => lin::<T, V, false>(dst, a, b, V::add, |p, q| p + q),
+            (Lin::Sub, _) => lin::<T, V, false>(dst, a, b, V::sub, |p, q| p - q),
+            (Lin::Mul, _) => lin::<T, V, false>(dst, a, b, V::mul, |p, q| p * q),
         }
     }
 }
@@ -446,7 +447,7 @@ pub(crate) fn relu_forward<T: Element>(x: &[T]) -> (Buffer<T>, Vec<u8>) {
                 let a = v.to_acc();
                 let pass = a > Acc::<T>::zero() || a.is_nan();
                 bits |= u8::from(pass) << j;
-                *o = if pass { v } else { T::zero() };
+                *o = if pass { v } else { T::ZERO };
             }
             *m = bits;
         }
@@ -461,7 +462,7 @@ pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &[T]) -> Buffer<T> {
         for (k, o) in d.iter_mut().enumerate() {
             let i = s + k;
             let pass = mask.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0);
-            *o = if pass { g[i] } else { T::zero() };
+            *o = if pass { g[i] } else { T::ZERO };
         }
     });
     out

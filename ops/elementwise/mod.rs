@@ -187,7 +187,7 @@ pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &Tensor<T>) -> Result<Te
 /// A buffer for an output of `shape` that may be far larger than any
 /// input: its size is checked and its memory asked for fallibly.
 fn output<T: Element>(op: &'static str, shape: &[usize]) -> Result<Buffer<T>> {
-    Ok(Buffer::from_vec(alloc_filled(op, shape, T::zero())?))
+    Ok(Buffer::from_vec(alloc_filled(op, shape, T::ZERO)?))
 }
 
 /// Both operands on one device, or `DeviceMismatch` naming the op.

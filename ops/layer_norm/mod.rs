@@ -137,10 +137,7 @@ struct LayerNorm<A> {
 
 /// What the fused backward keeps: 2N statistics (tensors of `[N]` on
 /// `x`'s device) plus handles to `x` and `gamma` (no copies).
-pub(crate) struct LayerNormState<T: Element>
-where
-    T::Acc: Element,
-{
+pub(crate) struct LayerNormState<T: Element> {
     x: Tensor<T>,
     gamma: Option<Tensor<T>>,
     mean: Tensor<T::Acc>,
@@ -149,10 +146,7 @@ where
     scaled: bool,
 }
 
-impl<T: Element> Saved for LayerNormState<T>
-where
-    T::Acc: Element,
-{
+impl<T: Element> Saved for LayerNormState<T> {
     fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
         self.x.visit(f);
         self.gamma.visit(f);
@@ -182,10 +176,7 @@ pub(crate) fn input<'a, T: Element>(
         })
 }
 
-impl<T: Element> Op<T> for LayerNorm<T::Acc>
-where
-    T::Acc: Element,
-{
+impl<T: Element> Op<T> for LayerNorm<T::Acc> {
     type State = LayerNormState<T>;
 
     fn name(&self) -> &'static str {
@@ -282,7 +273,7 @@ where
         let gs = s.gamma.as_ref().map(|g| g.as_slice()).transpose()?;
         let out = if xs.is_empty() {
             // No rows: zero parameter gradients (`d` is small if wanted).
-            let zeros = |w: bool| w.then(|| Buffer::from_vec(vec![T::zero(); self.d]));
+            let zeros = |w: bool| w.then(|| Buffer::from_vec(vec![T::ZERO; self.d]));
             cpu::Backward {
                 dx: need(0).then(Buffer::default),
                 dgamma: zeros(want_dg),
@@ -370,10 +361,7 @@ pub fn layer_norm_nd<T: Element>(
 
 /// The LayerNorm node of a checked `spec`, for one concrete `T` (through
 /// `NormOps`, so that it is compiled once, in this crate).
-pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>>
-where
-    T::Acc: Element,
-{
+pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let ln = LayerNorm {
         normalized: spec.normalized,
         d: spec.d,

@@ -59,10 +59,7 @@ pub(crate) fn head<A>(s: &[A], n: usize) -> &[A] {
 }
 
 /// Widens an optional parameter row to the accumulation type.
-pub(crate) fn widen<T: Element>(p: Option<&[T]>) -> Buffer<Acc<T>>
-where
-    Acc<T>: Element,
-{
+pub(crate) fn widen<T: Element>(p: Option<&[T]>) -> Buffer<Acc<T>> {
     p.map(|p| Buffer::collect(p.len(), p.iter().map(|v| v.to_acc())))
         .unwrap_or_default()
 }

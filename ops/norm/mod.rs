@@ -27,9 +27,7 @@ pub struct NormSpec {
 /// element type. Called through generic code instead, they would be
 /// compiled again in every crate that runs an op (each test binary and
 /// example), since optimized builds do not share generic instances across
-/// crates. The concrete impl also knows that `T::Acc` is an [`Element`],
-/// which the saved statistics (`Tensor<T::Acc>`) need; as a bound on
-/// `Element::Acc` it would make `T::Acc::zero()` ambiguous everywhere.
+/// crates.
 pub trait NormOps: Sized {
     /// Records a fused LayerNorm node (`ops/layer_norm`).
     fn layer_norm_node(spec: NormSpec, inputs: &[&Var<Self>]) -> Result<Var<Self>>

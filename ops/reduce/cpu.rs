@@ -28,7 +28,7 @@ pub(crate) fn sum<T: Element>(
     if x.is_empty() {
         // Sums over nothing are 0 (an empty output if a kept dim is 0).
         let kept = shape.iter().zip(red).map(|(&n, &r)| if r { 1 } else { n });
-        return vec![T::zero(); kept.product()];
+        return vec![T::ZERO; kept.product()];
     }
     let sums = match blocks(shape, red) {
         Some((outer, r, 1)) => row_sums(x, outer, r),

@@ -144,19 +144,17 @@ pub(crate) fn forward<T: Element>(
     d: usize,
     gamma: Option<&[T]>,
     eps: Acc<T>,
-) -> (Buffer<T>, Buffer<Acc<T>>, bool)
-where
-    Acc<T>: Element,
-{
+) -> (Buffer<T>, Buffer<Acc<T>>, bool) {
     let n = x.len() / d;
     let g = widen(gamma);
     let mut y = Tensor::<T>::scratch(n * d);
     let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
-    let run = match (gamma.is_some(), should_stream::<T>(n * d)) {
-        (true, false) => fwd_launch::<T, true, false>,
-        (false, false) => fwd_launch::<T, false, false>,
-        (true, true) => fwd_launch::<T, true, true>,
-        (false, true) => fwd_launch::<T, false, true>,
+    // Streaming builds for f32 only (see the LayerNorm forward).
+    let run = match gamma.is_some() {
+        true if T::SIMD && should_stream::<T>(n * d) => fwd_launch::<T, true, true>,
+        false if T::SIMD && should_stream::<T>(n * d) => fwd_launch::<T, false, true>,
+        true => fwd_launch::<T, true, false>,
+        false => fwd_launch::<T, false, false>,
     };
     let suspect = run(&x[..n * d], &mut y, &mut rstd, &g, d, eps);
     (y, rstd, suspect)
@@ -327,10 +325,7 @@ pub(crate) fn backward<T: Element>(
     rstd: &[Acc<T>],
     want_dx: bool,
     want_dgamma: bool,
-) -> (Option<Buffer<T>>, Option<Buffer<T>>)
-where
-    Acc<T>: Element,
-{
+) -> (Option<Buffer<T>>, Option<Buffer<T>>) {
     let n = x.len() / d;
     let g = match gamma {
         Some(_) => widen(gamma),
@@ -342,13 +337,13 @@ where
     } else {
         Buffer::default()
     };
-    let run = match (want_dx, want_dgamma, should_stream::<T>(n * d)) {
-        (true, true, false) => bwd_launch::<T, true, true, false>,
-        (true, false, false) => bwd_launch::<T, true, false, false>,
-        (true, true, true) => bwd_launch::<T, true, true, true>,
-        (true, false, true) => bwd_launch::<T, true, false, true>,
-        (false, true, _) => bwd_launch::<T, false, true, false>,
-        (false, false, _) => bwd_launch::<T, false, false, false>,
+    let run = match (want_dx, want_dgamma) {
+        (true, true) if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, true, true>,
+        (true, false) if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, false, true>,
+        (true, true) => bwd_launch::<T, true, true, false>,
+        (true, false) => bwd_launch::<T, true, false, false>,
+        (false, true) => bwd_launch::<T, false, true, false>,
+        (false, false) => bwd_launch::<T, false, false, false>,
     };
     let mut parts = partial_rows(want_dgamma, x.len(), (rpg, d), d);
     run(x, dy, rstd, &mut dx, &g, d, rpg, &mut parts);

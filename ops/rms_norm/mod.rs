@@ -41,10 +41,7 @@ struct RmsNorm<A> {
 
 /// What the fused backward keeps: N values of `rstd` (a tensor of `[N]`
 /// on `x`'s device) plus handles to `x` and `gamma`.
-pub(crate) struct RmsNormState<T: Element>
-where
-    T::Acc: Element,
-{
+pub(crate) struct RmsNormState<T: Element> {
     x: Tensor<T>,
     gamma: Option<Tensor<T>>,
     rstd: Tensor<T::Acc>,
@@ -52,10 +49,7 @@ where
     scaled: bool,
 }
 
-impl<T: Element> Saved for RmsNormState<T>
-where
-    T::Acc: Element,
-{
+impl<T: Element> Saved for RmsNormState<T> {
     fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
         self.x.visit(f);
         self.gamma.visit(f);
@@ -63,10 +57,7 @@ where
     }
 }
 
-impl<T: Element> Op<T> for RmsNorm<T::Acc>
-where
-    T::Acc: Element,
-{
+impl<T: Element> Op<T> for RmsNorm<T::Acc> {
     type State = RmsNormState<T>;
 
     fn name(&self) -> &'static str {
@@ -151,7 +142,7 @@ where
             // No rows: a zero dgamma (`d` is small if it is wanted).
             (
                 need(0).then(Buffer::default),
-                want_dg.then(|| Buffer::from_vec(vec![T::zero(); self.d])),
+                want_dg.then(|| Buffer::from_vec(vec![T::ZERO; self.d])),
             )
         } else if s.scaled {
             let g = scaled::backward(
@@ -215,10 +206,7 @@ pub fn rms_norm_nd<T: Element>(
 
 /// The RMSNorm node of a checked `spec`, for one concrete `T` (through
 /// `NormOps`, so that it is compiled once, in this crate).
-pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>>
-where
-    T::Acc: Element,
-{
+pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let op = RmsNorm {
         normalized: spec.normalized,
         d: spec.d,

@@ -186,10 +186,13 @@ mod counted {
     }
 
     crate::ops::norm::norm_ops!(Counted);
+    impl crate::device::cpu::CpuBuilds for Counted {}
 
     impl Element for Counted {
         type Acc = Counted;
         const NAME: &'static str = "counted";
+        const ZERO: Self = Counted(0.0);
+        const ONE: Self = Counted(1.0);
         fn pool() -> &'static crate::device::pool::Pool<Self> {
             static P: crate::device::pool::Pool<Counted> = crate::device::pool::Pool::new();
             &P

@@ -148,7 +148,7 @@ pub(crate) fn lanes_for<T: Element, K: Kernel<T>>(k: &K) -> Simd {
 #[inline(always)]
 pub(crate) fn dispatch<T: Element, K: Kernel<T>>(k: K) -> K::Output {
     #[cfg(target_arch = "x86_64")]
-    if is_f32::<T>() {
+    if T::SIMD {
         #[target_feature(enable = "avx2")]
         fn avx2<T: Element, K: Kernel<T>>(k: K) -> K::Output {
             k.run::<x86::Avx2>()
@@ -268,6 +268,7 @@ pub(crate) use lanes::best_simd;
 pub use lanes::set_simd_limit;
 #[cfg(target_arch = "x86_64")]
 use lanes::x86;
+pub use lanes::CpuBuilds;
 pub(crate) use lanes::{is_f32, Lanes, Portable};
 pub use lanes::{simd, Simd};
 pub use profile::profile;

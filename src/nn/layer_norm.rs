@@ -61,7 +61,7 @@ impl<T: Element> LayerNorm<T> {
         check_norm_args("LayerNorm", d, eps)?;
         let (gamma, beta) = if affine {
             (
-                Some(Tensor::full(&[d], T::one())?),
+                Some(Tensor::full(&[d], T::ONE)?),
                 Some(Tensor::zeros(&[d])?),
             )
         } else {

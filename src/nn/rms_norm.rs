@@ -31,7 +31,7 @@ impl<T: Element> RmsNorm<T> {
     pub fn with_options(d: usize, eps: f64, affine: bool) -> Result<Self> {
         check_norm_args("RmsNorm", d, eps)?;
         let gamma = if affine {
-            Some(Tensor::full(&[d], T::one())?)
+            Some(Tensor::full(&[d], T::ONE)?)
         } else {
             None
         };

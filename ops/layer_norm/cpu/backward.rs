@@ -627,10 +627,7 @@ pub(crate) fn backward<T: Element>(
     want_dx: bool,
     want_dgamma: bool,
     want_dbeta: bool,
-) -> Backward<T>
-where
-    Acc<T>: Element,
-{
+) -> Backward<T> {
     let n = x.len() / d;
     let want_p = want_dgamma || want_dbeta;
     let g = match gamma {
@@ -643,13 +640,14 @@ where
     } else {
         Buffer::default()
     };
-    let run = match (want_dx, want_p, should_stream::<T>(n * d)) {
-        (true, true, false) => bwd_launch::<T, true, true, false>,
-        (true, false, false) => bwd_launch::<T, true, false, false>,
-        (true, true, true) => bwd_launch::<T, true, true, true>,
-        (true, false, true) => bwd_launch::<T, true, false, true>,
-        (false, true, _) => bwd_launch::<T, false, true, false>,
-        (false, false, _) => bwd_launch::<T, false, false, false>,
+    // As in the forward: streaming builds for f32 only.
+    let run = match (want_dx, want_p) {
+        (true, true) if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, true, true>,
+        (true, false) if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, false, true>,
+        (true, true) => bwd_launch::<T, true, true, false>,
+        (true, false) => bwd_launch::<T, true, false, false>,
+        (false, true) => bwd_launch::<T, false, true, false>,
+        (false, false) => bwd_launch::<T, false, false, false>,
     };
     let mut parts = partial_rows(want_p, x.len(), (rpg, d), 2 * d);
     let lay = Layout::new(d, interleaved_partials());

@@ -276,10 +276,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
 /// whether some row's statistics are out of the trusted range (then, and
 /// only then, the caller looks for rows to recompute: see
 /// `ops/layer_norm/scaled.rs`).
-pub(crate) struct Forward<T: Element>
-where
-    Acc<T>: Element,
-{
+pub(crate) struct Forward<T: Element> {
     pub y: Buffer<T>,
     pub mean: Buffer<Acc<T>>,
     pub rstd: Buffer<Acc<T>>,
@@ -351,24 +348,28 @@ pub(crate) fn forward<T: Element>(
     gamma: Option<&[T]>,
     beta: Option<&[T]>,
     eps: Acc<T>,
-) -> Forward<T>
-where
-    Acc<T>: Element,
-{
+) -> Forward<T> {
     let n = x.len() / d;
     let (g, b) = (widen(gamma), widen(beta));
     let mut y = Tensor::<T>::scratch(n * d);
     let mut mean = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
     let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
-    let run = match (gamma.is_some(), beta.is_some(), should_stream::<T>(n * d)) {
-        (true, true, false) => fwd_launch::<T, true, true, false>,
-        (true, false, false) => fwd_launch::<T, true, false, false>,
-        (false, true, false) => fwd_launch::<T, false, true, false>,
-        (false, false, false) => fwd_launch::<T, false, false, false>,
-        (true, true, true) => fwd_launch::<T, true, true, true>,
-        (true, false, true) => fwd_launch::<T, true, false, true>,
-        (false, true, true) => fwd_launch::<T, false, true, true>,
-        (false, false, true) => fwd_launch::<T, false, false, true>,
+    // Streaming builds exist for f32 only; `T::SIMD` first keeps the
+    // others from being compiled for other types.
+    let run = if T::SIMD && should_stream::<T>(n * d) {
+        match (gamma.is_some(), beta.is_some()) {
+            (true, true) => fwd_launch::<T, true, true, true>,
+            (true, false) => fwd_launch::<T, true, false, true>,
+            (false, true) => fwd_launch::<T, false, true, true>,
+            (false, false) => fwd_launch::<T, false, false, true>,
+        }
+    } else {
+        match (gamma.is_some(), beta.is_some()) {
+            (true, true) => fwd_launch::<T, true, true, false>,
+            (true, false) => fwd_launch::<T, true, false, false>,
+            (false, true) => fwd_launch::<T, false, true, false>,
+            (false, false) => fwd_launch::<T, false, false, false>,
+        }
     };
     let suspect = run(&x[..n * d], &mut y, &mut mean, &mut rstd, &g, &b, d, eps);
     Forward {

@@ -1,13 +1,17 @@
 //! Optimizers: SGD (with optional momentum) and Adam (bias-corrected).
-//! Both update a module's tensors in place of the old ones and keep their
-//! state (momentum, moments) in the accumulation type.
+//! Both replace a module's tensors with updated ones and keep their state
+//! (momentum, moments) as tensors of the accumulation type on the
+//! parameter's device. Each step is one fused kernel per parameter: the
+//! update [`Rule`] says what it computes per element, and [`apply`] picks
+//! the device's loops (`cpu.rs`).
+
+mod cpu;
 
 use super::{Bound, Module};
-use crate::dtype::{Accum, Element};
+use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tape::Gradients;
-use crate::tensor::Tensor;
-use num_traits::Float;
+use crate::tensor::{Storage, Tensor};
 
 /// Something that turns gradients into parameter updates.
 pub trait Optimizer<T: Element> {
@@ -33,12 +37,12 @@ pub trait Optimizer<T: Element> {
     }
 }
 
-/// Checks counts, shapes and state sizes before any update.
+/// Checks counts, shapes, devices and state sizes before any update.
 fn check<T: Element>(
     op: &'static str,
     params: &[&mut Tensor<T>],
     grads: &[Tensor<T>],
-    state: &[Vec<T::Acc>],
+    state: &[Vec<Tensor<T::Acc>>],
 ) -> Result<()> {
     if params.len() != grads.len() {
         return Err(Error::InvalidArgument {
@@ -54,17 +58,25 @@ fn check<T: Element>(
                 rhs: g.shape().to_vec(),
             });
         }
-        p.as_slice()?;
-        g.as_slice()?;
+        if p.device() != g.device() {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: p.device().to_string(),
+                rhs: g.device().to_string(),
+            });
+        }
     }
+    let fits = |s: &Vec<Tensor<T::Acc>>, p: &&mut Tensor<T>| {
+        s.iter()
+            .all(|t| t.numel() == p.numel() && t.device() == p.device())
+    };
     if !state.is_empty()
-        && (state.len() != params.len()
-            || state.iter().zip(params).any(|(s, p)| s.len() != p.numel()))
+        && (state.len() != params.len() || state.iter().zip(params).any(|(s, p)| !fits(s, p)))
     {
         return Err(Error::InvalidArgument {
             op,
             msg: format!(
-                "state was built for {} parameters of other sizes; call reset() to reuse the optimizer",
+                "state was built for {} parameters of other sizes or devices; call reset() to reuse the optimizer",
                 state.len()
             ),
         });
@@ -72,21 +84,68 @@ fn check<T: Element>(
     Ok(())
 }
 
-/// Replaces `*p` by `f` applied to each (index, value, gradient) element.
-fn rewrite<T: Element>(
+/// What one optimizer step computes per parameter element, in the
+/// accumulation type (`w` the parameter, `g` its gradient; the
+/// hyper-parameters as f64, rounded once to the accumulation type).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Rule {
+    /// `w - lr (g + wd w)`.
+    Sgd { lr: f64, wd: f64 },
+    /// `g' = g + wd w`; `v = mu v + g'` (`v = g'` with no state yet);
+    /// `w - lr v`. State: `[v]`.
+    Momentum { lr: f64, mu: f64, wd: f64 },
+    /// `g' = g + wd w`; `m = b1 m + (1 - b1) g'`; `v = b2 v + (1 - b2) g'^2`
+    /// (state read as 0 when there is none yet);
+    /// `w - lr (m / c1) / (sqrt(v / c2) + eps)`. State: `[m, v]`.
+    Adam {
+        lr: f64,
+        b1: f64,
+        b2: f64,
+        c1: f64,
+        c2: f64,
+        eps: f64,
+        wd: f64,
+    },
+}
+
+impl Rule {
+    /// How many state tensors the rule keeps per parameter.
+    fn states(self) -> usize {
+        match self {
+            Rule::Sgd { .. } => 0,
+            Rule::Momentum { .. } => 1,
+            Rule::Adam { .. } => 2,
+        }
+    }
+}
+
+/// `rule` applied to `*p` with gradient `g` and state `state` (empty on the
+/// first step; replaced by the new state): the device-level update kernel.
+/// `*p` is replaced only when the update succeeded.
+pub(crate) fn apply<T: Element>(
+    rule: Rule,
     p: &mut Tensor<T>,
     g: &Tensor<T>,
-    mut f: impl FnMut(usize, T::Acc, T::Acc) -> T::Acc,
+    state: &mut Vec<Tensor<T::Acc>>,
 ) -> Result<()> {
     let shape = p.shape().to_vec();
-    // Host data only; checked before `p` is taken apart, so an error leaves
-    // the parameter as it was.
-    p.as_slice()?;
-    let mut data = std::mem::replace(p, Tensor::scalar(T::zero())).into_vec()?;
-    for (i, (w, &gi)) in data.iter_mut().zip(g.as_slice()?).enumerate() {
-        *w = T::from_acc(f(i, w.to_acc(), gi.to_acc()));
-    }
-    *p = Tensor::from_vec(shape, data)?;
+    let (np, ns) = match (p.storage(), g.storage()) {
+        (Storage::Cpu(ps), Storage::Cpu(gs)) => {
+            let prev: Vec<&[T::Acc]> = state
+                .iter()
+                .map(|s| match s.storage() {
+                    Storage::Cpu(b) => &b[..],
+                })
+                .collect();
+            cpu::update(rule, ps, gs, &prev)
+        }
+    };
+    let ns = ns
+        .into_iter()
+        .map(|b| Tensor::from_buffer(&shape, b))
+        .collect::<Result<Vec<_>>>()?;
+    *p = Tensor::from_buffer(&shape, np)?;
+    *state = ns;
     Ok(())
 }
 
@@ -135,7 +194,7 @@ impl Default for SgdConfig {
 #[derive(Debug, Clone)]
 pub struct Sgd<T: Element> {
     config: SgdConfig,
-    velocity: Vec<Vec<T::Acc>>,
+    velocity: Vec<Vec<Tensor<T::Acc>>>,
 }
 
 impl<T: Element> Sgd<T> {
@@ -176,27 +235,26 @@ impl<T: Element> Sgd<T> {
 impl<T: Element> Optimizer<T> for Sgd<T> {
     fn update(&mut self, params: &mut [&mut Tensor<T>], grads: &[Tensor<T>]) -> Result<()> {
         check("Sgd::step", params, grads, &self.velocity)?;
-        let acc = <T::Acc as Accum>::of;
-        let (lr, mu, wd) = (
-            acc(self.config.lr),
-            acc(self.config.momentum),
-            acc(self.config.weight_decay),
-        );
-        let use_momentum = self.config.momentum > 0.0;
-        let first = self.velocity.is_empty();
-        if use_momentum && first {
-            self.velocity = params.iter().map(|p| vec![acc(0.0); p.numel()]).collect();
+        let c = &self.config;
+        let rule = if c.momentum > 0.0 {
+            Rule::Momentum {
+                lr: c.lr,
+                mu: c.momentum,
+                wd: c.weight_decay,
+            }
+        } else {
+            Rule::Sgd {
+                lr: c.lr,
+                wd: c.weight_decay,
+            }
+        };
+        if self.velocity.is_empty() && rule.states() > 0 {
+            self.velocity = vec![Vec::new(); params.len()];
         }
         for (k, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            let vel = self.velocity.get_mut(k);
-            match vel {
-                Some(v) if use_momentum => rewrite(p, g, |i, w, gi| {
-                    let gi = gi + wd * w;
-                    v[i] = if first { gi } else { mu * v[i] + gi };
-                    w - lr * v[i]
-                })?,
-                _ => rewrite(p, g, |_, w, gi| w - lr * (gi + wd * w))?,
-            }
+            let mut none = Vec::new();
+            let state = self.velocity.get_mut(k).unwrap_or(&mut none);
+            apply(rule, p, g, state)?;
         }
         Ok(())
     }
@@ -242,8 +300,8 @@ impl Default for AdamConfig {
 pub struct Adam<T: Element> {
     config: AdamConfig,
     t: u64,
-    m: Vec<Vec<T::Acc>>,
-    v: Vec<Vec<T::Acc>>,
+    /// Per parameter, `[m, v]` (empty before the first step).
+    moments: Vec<Vec<Tensor<T::Acc>>>,
 }
 
 impl<T: Element> Adam<T> {
@@ -266,8 +324,7 @@ impl<T: Element> Adam<T> {
         Ok(Adam {
             config,
             t: 0,
-            m: Vec::new(),
-            v: Vec::new(),
+            moments: Vec::new(),
         })
     }
 
@@ -299,38 +356,30 @@ impl<T: Element> Adam<T> {
 
 impl<T: Element> Optimizer<T> for Adam<T> {
     fn update(&mut self, params: &mut [&mut Tensor<T>], grads: &[Tensor<T>]) -> Result<()> {
-        check("Adam::step", params, grads, &self.m)?;
-        let acc = <T::Acc as Accum>::of;
-        if self.m.is_empty() {
-            self.m = params.iter().map(|p| vec![acc(0.0); p.numel()]).collect();
-            self.v = self.m.clone();
+        check("Adam::step", params, grads, &self.moments)?;
+        if self.moments.is_empty() {
+            self.moments = vec![Vec::new(); params.len()];
         }
         self.t += 1;
         let c = &self.config;
         let t = i32::try_from(self.t).unwrap_or(i32::MAX);
-        let (b1, b2) = (acc(c.beta1), acc(c.beta2));
-        let (one_b1, one_b2) = (acc(1.0 - c.beta1), acc(1.0 - c.beta2));
-        let c1 = acc(1.0 - c.beta1.powi(t));
-        let c2 = acc(1.0 - c.beta2.powi(t));
-        let (lr, eps, wd) = (acc(c.lr), acc(c.eps), acc(c.weight_decay));
-        for ((p, g), (m, v)) in params
-            .iter_mut()
-            .zip(grads)
-            .zip(self.m.iter_mut().zip(self.v.iter_mut()))
-        {
-            rewrite(p, g, |i, w, gi| {
-                let gi = gi + wd * w;
-                m[i] = b1 * m[i] + one_b1 * gi;
-                v[i] = b2 * v[i] + one_b2 * gi * gi;
-                w - lr * (m[i] / c1) / ((v[i] / c2).sqrt() + eps)
-            })?;
+        let rule = Rule::Adam {
+            lr: c.lr,
+            b1: c.beta1,
+            b2: c.beta2,
+            c1: 1.0 - c.beta1.powi(t),
+            c2: 1.0 - c.beta2.powi(t),
+            eps: c.eps,
+            wd: c.weight_decay,
+        };
+        for ((p, g), state) in params.iter_mut().zip(grads).zip(self.moments.iter_mut()) {
+            apply(rule, p, g, state)?;
         }
         Ok(())
     }
 
     fn reset(&mut self) {
         self.t = 0;
-        self.m.clear();
-        self.v.clear();
+        self.moments.clear();
     }
 }
