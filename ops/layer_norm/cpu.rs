@@ -114,3 +114,73 @@ mod tests;
 
 pub(crate) use backward::{backward, Backward};
 pub(crate) use forward::forward;
+
+use super::scaled;
+use crate::dtype::Accum;
+
+/// The forward with the scaled fallback applied to the rows the kernel
+/// flagged: `(y, mean, rstd, scaled)`, `scaled` set when any row took it.
+/// Rows are looked for only when the kernel flagged one, so the common
+/// path reads the statistics no second time.
+pub(crate) fn forward_checked<T: Element>(
+    xs: &[T],
+    d: usize,
+    gs: Option<&[T]>,
+    bs: Option<&[T]>,
+    eps: Acc<T>,
+) -> (Buffer<T>, Buffer<Acc<T>>, Buffer<Acc<T>>, bool) {
+    let mut out = forward(xs, d, gs, bs, eps);
+    let rows = if out.suspect {
+        scaled::suspect_rows(xs, d, Some(&out.mean), &out.rstd)
+    } else {
+        Vec::new()
+    };
+    scaled::forward_rows(
+        xs,
+        d,
+        gs,
+        bs,
+        eps.f64(),
+        true,
+        &rows,
+        &mut out.y,
+        Some(&mut out.mean),
+        &mut out.rstd,
+    );
+    (out.y, out.mean, out.rstd, !rows.is_empty())
+}
+
+/// The backward of a node whose forward took the scaled path (`scaled`)
+/// or not; `want` is `(dx, dgamma, dbeta)`. No rows give zero parameter
+/// gradients.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_checked<T: Element>(
+    xs: &[T],
+    dy: &[T],
+    d: usize,
+    gs: Option<&[T]>,
+    (mean, rstd): (&[Acc<T>], &[Acc<T>]),
+    scaled: bool,
+    eps: Acc<T>,
+    want: (bool, bool, bool),
+) -> Backward<T> {
+    let (dx, dg, db) = want;
+    if xs.is_empty() {
+        // `d` is small when a parameter gradient is wanted.
+        let zeros = |w: bool| w.then(|| Buffer::from_vec(vec![T::ZERO; d]));
+        Backward {
+            dx: dx.then(Buffer::default),
+            dgamma: zeros(dg),
+            dbeta: zeros(db),
+        }
+    } else if scaled {
+        let g = scaled::backward(xs, dy, d, gs, eps.f64(), true, want);
+        Backward {
+            dx: g.dx.map(Buffer::from_vec),
+            dgamma: g.dgamma.map(Buffer::from_vec),
+            dbeta: g.dbeta.map(Buffer::from_vec),
+        }
+    } else {
+        backward(xs, dy, d, gs, mean, rstd, dx, dg, db)
+    }
+}

@@ -45,7 +45,7 @@ use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
-use crate::ops::norm::NormSpec;
+use crate::ops::norm::{cpu_side, NormSpec};
 use crate::shape::checked_numel;
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
@@ -213,30 +213,8 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
         }
         let (y, mean, rstd, scaled) = match x.storage() {
             Storage::Cpu(xs) => {
-                let (gs, bs) = (
-                    gamma.map(|g| g.as_slice()).transpose()?,
-                    beta.map(|b| b.as_slice()).transpose()?,
-                );
-                let mut out = cpu::forward(xs, self.d, gs, bs, self.eps);
-                // Rows are looked for only when the kernel flagged one.
-                let rows = if out.suspect {
-                    scaled::suspect_rows(xs, self.d, Some(&out.mean), &out.rstd)
-                } else {
-                    Vec::new()
-                };
-                scaled::forward_rows(
-                    xs,
-                    self.d,
-                    gs,
-                    bs,
-                    self.eps.f64(),
-                    true,
-                    &rows,
-                    &mut out.y,
-                    Some(&mut out.mean),
-                    &mut out.rstd,
-                );
-                (out.y, out.mean, out.rstd, !rows.is_empty())
+                let (gs, bs) = (cpu_side(x, gamma)?, cpu_side(x, beta)?);
+                cpu::forward_checked(xs, self.d, gs, bs, self.eps)
             }
         };
         let n = [mean.len()];
@@ -269,35 +247,17 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 rhs: s.x.shape().to_vec(),
             });
         }
-        let (xs, dy) = (s.x.as_slice()?, grad.as_slice()?);
-        let gs = s.gamma.as_ref().map(|g| g.as_slice()).transpose()?;
-        let out = if xs.is_empty() {
-            // No rows: zero parameter gradients (`d` is small if wanted).
-            let zeros = |w: bool| w.then(|| Buffer::from_vec(vec![T::ZERO; self.d]));
-            cpu::Backward {
-                dx: need(0).then(Buffer::default),
-                dgamma: zeros(want_dg),
-                dbeta: zeros(want_db),
+        let want = (need(0), want_dg, want_db);
+        let out = match (
+            s.x.storage(),
+            grad.storage(),
+            s.mean.storage(),
+            s.rstd.storage(),
+        ) {
+            (Storage::Cpu(xs), Storage::Cpu(dy), Storage::Cpu(m), Storage::Cpu(r)) => {
+                let gs = cpu_side(&s.x, s.gamma.as_ref())?;
+                cpu::backward_checked(xs, dy, self.d, gs, (m, r), s.scaled, self.eps, want)
             }
-        } else if s.scaled {
-            let g = scaled::backward(
-                xs,
-                dy,
-                self.d,
-                gs,
-                self.eps.f64(),
-                true,
-                (need(0), want_dg, want_db),
-            );
-            cpu::Backward {
-                dx: g.dx.map(Buffer::from_vec),
-                dgamma: g.dgamma.map(Buffer::from_vec),
-                dbeta: g.dbeta.map(Buffer::from_vec),
-            }
-        } else {
-            let (mean, rstd) = (s.mean.as_slice()?, s.rstd.as_slice()?);
-            let (dx, dg, db) = (need(0), want_dg, want_db);
-            cpu::backward(xs, dy, self.d, gs, mean, rstd, dx, dg, db)
         };
         let shaped = |v: Option<Buffer<T>>, shape: &[usize]| {
             v.map(|v| Tensor::from_buffer(shape, v)).transpose()

@@ -5,8 +5,9 @@
 pub(crate) mod cpu_rows;
 
 use crate::dtype::Element;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tape::Var;
+use crate::tensor::{Storage, Tensor};
 
 /// A fused norm node as the public fns checked it: inputs `[x, gamma?,
 /// beta?]` normalized over `normalized` (`d` elements per row).
@@ -65,3 +66,22 @@ macro_rules! norm_ops {
 pub(crate) use norm_ops;
 
 norm_ops!(f32, f64, half::f16, half::bf16);
+
+/// The host elements of a side input (gamma, beta) of a norm whose `x` is
+/// on the CPU; `DeviceMismatch` if it lives elsewhere.
+pub(crate) fn cpu_side<'a, T: Element>(
+    x: &Tensor<T>,
+    t: Option<&'a Tensor<T>>,
+) -> Result<Option<&'a [T]>> {
+    let Some(t) = t else { return Ok(None) };
+    if t.device() != x.device() {
+        return Err(Error::DeviceMismatch {
+            op: "norm",
+            lhs: x.device().to_string(),
+            rhs: t.device().to_string(),
+        });
+    }
+    match t.storage() {
+        Storage::Cpu(b) => Ok(Some(&b[..])),
+    }
+}

@@ -11,8 +11,9 @@ use crate::device::cpu::{
     Kernel, Lanes, UNROLL,
 };
 use crate::device::pool::Buffer;
+use crate::dtype::Accum;
 use crate::dtype::Element;
-use crate::ops::layer_norm::scaled::{rstd_limit, trusted};
+use crate::ops::layer_norm::scaled::{self, rstd_limit, trusted};
 use crate::ops::norm::cpu_rows::{
     at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, LANES,
 };
@@ -352,4 +353,60 @@ pub(crate) fn backward<T: Element>(
         Buffer::collect(d, sums.iter().map(|&v| T::from_acc(v)))
     });
     (want_dx.then_some(dx), dgamma)
+}
+
+/// The forward with the scaled fallback applied to the rows the kernel
+/// flagged: `(y, rstd, scaled)` (see the LayerNorm forward's twin).
+pub(crate) fn forward_checked<T: Element>(
+    xs: &[T],
+    d: usize,
+    gs: Option<&[T]>,
+    eps: Acc<T>,
+) -> (Buffer<T>, Buffer<Acc<T>>, bool) {
+    let (mut y, mut rstd, suspect) = forward(xs, d, gs, eps);
+    let rows = if suspect {
+        scaled::suspect_rows(xs, d, None, &rstd)
+    } else {
+        Vec::new()
+    };
+    scaled::forward_rows(
+        xs,
+        d,
+        gs,
+        None,
+        eps.f64(),
+        false,
+        &rows,
+        &mut y,
+        None,
+        &mut rstd,
+    );
+    (y, rstd, !rows.is_empty())
+}
+
+/// The backward of a node whose forward took the scaled path (`scaled`)
+/// or not: `(dx, dgamma)` as `want` asks. No rows give a zero dgamma.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_checked<T: Element>(
+    xs: &[T],
+    dy: &[T],
+    d: usize,
+    gs: Option<&[T]>,
+    rstd: &[Acc<T>],
+    scaled: bool,
+    eps: Acc<T>,
+    (want_dx, want_dg): (bool, bool),
+) -> (Option<Buffer<T>>, Option<Buffer<T>>) {
+    if xs.is_empty() {
+        // `d` is small when dgamma is wanted.
+        (
+            want_dx.then(Buffer::default),
+            want_dg.then(|| Buffer::from_vec(vec![T::ZERO; d])),
+        )
+    } else if scaled {
+        let g = scaled::backward(xs, dy, d, gs, eps.f64(), false, (want_dx, want_dg, false));
+        (g.dx.map(Buffer::from_vec), g.dgamma.map(Buffer::from_vec))
+    } else {
+        backward(xs, dy, d, gs, rstd, want_dx, want_dg)
+    }
 }

@@ -20,13 +20,12 @@
 
 pub(crate) mod cpu;
 
-use crate::device::pool::Buffer;
 use crate::dtype::Accum;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
-use crate::ops::layer_norm::scaled;
 use crate::ops::layer_norm::{check_eps, check_param, input, last_axis, no_stats, rows_and_len};
+use crate::ops::norm::cpu_side;
 use crate::ops::norm::NormSpec;
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
@@ -88,29 +87,7 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
             return Ok((x.clone(), state));
         }
         let (y, rstd, scaled) = match x.storage() {
-            Storage::Cpu(xs) => {
-                let gs = gamma.map(|g| g.as_slice()).transpose()?;
-                let (mut y, mut rstd, suspect) = cpu::forward(xs, self.d, gs, self.eps);
-                // Rows are looked for only when the kernel flagged one.
-                let rows = if suspect {
-                    scaled::suspect_rows(xs, self.d, None, &rstd)
-                } else {
-                    Vec::new()
-                };
-                scaled::forward_rows(
-                    xs,
-                    self.d,
-                    gs,
-                    None,
-                    self.eps.f64(),
-                    false,
-                    &rows,
-                    &mut y,
-                    None,
-                    &mut rstd,
-                );
-                (y, rstd, !rows.is_empty())
-            }
+            Storage::Cpu(xs) => cpu::forward_checked(xs, self.d, cpu_side(x, gamma)?, self.eps),
         };
         let state = RmsNormState {
             x: x.clone(),
@@ -135,28 +112,12 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
                 rhs: s.x.shape().to_vec(),
             });
         }
-        let (xs, dy) = (s.x.as_slice()?, grad.as_slice()?);
-        let gs = s.gamma.as_ref().map(|g| g.as_slice()).transpose()?;
-        let want_dg = self.has_gamma && need(1);
-        let (dx, dgamma) = if xs.is_empty() {
-            // No rows: a zero dgamma (`d` is small if it is wanted).
-            (
-                need(0).then(Buffer::default),
-                want_dg.then(|| Buffer::from_vec(vec![T::ZERO; self.d])),
-            )
-        } else if s.scaled {
-            let g = scaled::backward(
-                xs,
-                dy,
-                self.d,
-                gs,
-                self.eps.f64(),
-                false,
-                (need(0), want_dg, false),
-            );
-            (g.dx.map(Buffer::from_vec), g.dgamma.map(Buffer::from_vec))
-        } else {
-            cpu::backward(xs, dy, self.d, gs, s.rstd.as_slice()?, need(0), want_dg)
+        let want = (need(0), self.has_gamma && need(1));
+        let (dx, dgamma) = match (s.x.storage(), grad.storage(), s.rstd.storage()) {
+            (Storage::Cpu(xs), Storage::Cpu(dy), Storage::Cpu(r)) => {
+                let gs = cpu_side(&s.x, s.gamma.as_ref())?;
+                cpu::backward_checked(xs, dy, self.d, gs, r, s.scaled, self.eps, want)
+            }
         };
         let mut grads = vec![dx
             .map(|v| Tensor::from_buffer(s.x.shape(), v))
