@@ -7,6 +7,12 @@ use crate::error::Result;
 use crate::ops::softmax::cpu::lane_stats;
 use num_traits::{Float, One, Zero};
 
+/// Per row of the logits the max `m` and `ln s`, `s = sum_j exp(x_j - m)`.
+pub(crate) struct RowStats<A> {
+    pub(crate) max: Vec<A>,
+    pub(crate) log_sum: Vec<A>,
+}
+
 /// `n` in the accumulation type (infinity if it does not fit).
 pub(crate) fn acc_of<T: Element>(n: usize) -> T::Acc {
     <T::Acc as num_traits::NumCast>::from(n).unwrap_or_else(T::Acc::infinity)
@@ -44,7 +50,7 @@ pub(crate) fn cross_entropy<T: Element>(
     shape: &[usize],
     c: usize,
     targets: &[usize],
-) -> Result<(T, Vec<T::Acc>, Vec<T::Acc>)> {
+) -> Result<(T, RowStats<T::Acc>)> {
     let n = targets.len();
     let mut max = vec![T::Acc::zero(); n];
     let mut log_sum = vec![T::Acc::zero(); n];
@@ -69,7 +75,7 @@ pub(crate) fn cross_entropy<T: Element>(
         }
     }
     let loss = total / acc_of::<T>(n);
-    Ok((T::from_acc(loss), max, log_sum))
+    Ok((T::from_acc(loss), RowStats { max, log_sum }))
 }
 
 /// `(g/n) (softmax(x_r)_j - [j = t_r])` for the scalar `g` (`g[0]`), where
@@ -79,8 +85,7 @@ pub(crate) fn cross_entropy_grad<T: Element>(
     xs: &[T],
     c: usize,
     targets: &[usize],
-    max: &[T::Acc],
-    log_sum: &[T::Acc],
+    RowStats { max, log_sum }: &RowStats<T::Acc>,
 ) -> Vec<T> {
     let g = g.first().map_or_else(T::Acc::zero, |v| v.to_acc());
     let k = g / acc_of::<T>(targets.len());
@@ -90,8 +95,8 @@ pub(crate) fn cross_entropy_grad<T: Element>(
             .chunks_exact_mut(c)
             .zip(xs.chunks_exact(c))
             .zip(targets)
-            .zip(max)
-            .zip(log_sum)
+            .zip(max.iter())
+            .zip(log_sum.iter())
         {
             for (j, (dx, &v)) in orow.iter_mut().zip(row).enumerate() {
                 let p = ((v.to_acc() - m) - ls).exp();

@@ -123,14 +123,14 @@ struct CrossEntropy {
 /// (2 numbers per row), held on the logits' device: only the kernels read
 /// them.
 enum CeStats<A> {
-    Cpu { max: Vec<A>, log_sum: Vec<A> },
+    Cpu(cpu::RowStats<A>),
 }
 
 impl<A> CeStats<A> {
     /// Numbers held (both statistics).
     fn len(&self) -> usize {
         match self {
-            CeStats::Cpu { max, log_sum } => max.len() + log_sum.len(),
+            CeStats::Cpu(s) => s.max.len() + s.log_sum.len(),
         }
     }
 }
@@ -145,8 +145,8 @@ fn cross_entropy_kernel<T: Element>(
 ) -> Result<(Tensor<T>, CeStats<T::Acc>)> {
     match x.storage() {
         Storage::Cpu(xs) => {
-            let (loss, max, log_sum) = cpu::cross_entropy(xs, x.shape(), c, targets)?;
-            Ok((Tensor::scalar(loss), CeStats::Cpu { max, log_sum }))
+            let (loss, stats) = cpu::cross_entropy(xs, x.shape(), c, targets)?;
+            Ok((Tensor::scalar(loss), CeStats::Cpu(stats)))
         }
     }
 }
@@ -162,9 +162,9 @@ fn cross_entropy_grad_kernel<T: Element>(
 ) -> Result<Tensor<T>> {
     check_devices("cross_entropy", g, x)?;
     match (g.storage(), x.storage(), stats) {
-        (Storage::Cpu(gs), Storage::Cpu(xs), CeStats::Cpu { max, log_sum }) => Tensor::from_vec(
+        (Storage::Cpu(gs), Storage::Cpu(xs), CeStats::Cpu(st)) => Tensor::from_vec(
             x.shape().to_vec(),
-            cpu::cross_entropy_grad(gs, xs, c, targets, max, log_sum),
+            cpu::cross_entropy_grad(gs, xs, c, targets, st),
         ),
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! with `G = dL/dY`; an operand broadcast over the batch gets its gradient
 //! summed over those dims by the tape. Forward and both gradients are one
-//! device-level kernel, [`bmm`], a batched product with optional transposes
+//! device-level kernel, `bmm`, a batched product with optional transposes
 //! of its operands' last two dims.
 
 mod cpu;
