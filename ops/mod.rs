@@ -1,11 +1,14 @@
-//! Every differentiable op. Each op's forward and local chain rule sit side
-//! by side in its own file (or folder, for ops with device kernels).
+//! Every differentiable op. Each op family sits in its own folder: `mod.rs`
+//! holds the argument checks, the saved state, the chain rule and the public
+//! fns, and reaches data only through device-level kernels that match on the
+//! tensor's storage; `cpu.rs` holds the host loops. The `*_composed` files
+//! build an op from other ops and touch no data.
 
 pub(crate) mod elementwise;
 mod loss;
 mod matmul;
 pub(crate) mod reduce;
-mod shape_ops;
+mod shape;
 mod softmax;
 
 pub mod layer_norm;
@@ -22,5 +25,5 @@ pub use matmul::*;
 pub use reduce::*;
 pub use rms_norm::*;
 pub use rms_norm_composed::*;
-pub use shape_ops::*;
+pub use shape::*;
 pub use softmax::*;

@@ -1,15 +1,26 @@
 //! Shape ops: reshape, transpose, permute, broadcast_to. None saves a tensor;
 //! each op holds the shapes or axis order its backward needs.
+//!
+//! ```text
+//! reshape       y = x (new shape)          dx = g (old shape)
+//! permute       y = x[perm]                dx = permute(g, perm^-1)
+//! transpose     permute by one swap        dx = transpose(g) (its own inverse)
+//! broadcast_to  y_i = x_{j(i)}             dx_j = sum_{i: j(i) = j} g_i
+//! ```
+//!
+//! Reshape shares the storage; permute copies through the device-level
+//! kernel below; broadcast_to is the elementwise copy kernel to the new
+//! shape, its adjoint the tape's sum back to the input shape.
 
+mod cpu;
+
+use super::elementwise::{unary_to, Unary};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
-use crate::shape::{
-    alloc, broadcast_shapes, broadcast_strides, checked_numel, for_each_offset, normalize_axis,
-    strides,
-};
+use crate::shape::{broadcast_shapes, checked_numel, normalize_axis, strides};
 use crate::tape::{Tape, Var};
-use crate::tensor::Tensor;
+use crate::tensor::{Storage, Tensor};
 
 /// `y = x` read with a new shape of the same element count (the storage is
 /// shared, not copied); `dx = g` read with the input's shape.
@@ -40,7 +51,8 @@ struct Permute {
     perm: Vec<usize>,
 }
 
-/// Copies `x` with its axes reordered by `perm` (already validated).
+/// Copies `x` with its axes reordered by `perm` (already validated): the
+/// device-level permute kernel. The identity order shares the storage.
 fn permute_tensor<T: Element>(x: &Tensor<T>, perm: &[usize]) -> Result<Tensor<T>> {
     if perm.iter().enumerate().all(|(i, &p)| i == p) {
         return Ok(x.clone());
@@ -48,10 +60,12 @@ fn permute_tensor<T: Element>(x: &Tensor<T>, perm: &[usize]) -> Result<Tensor<T>
     let (shape, own) = (x.shape(), strides(x.shape()));
     let out: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
     let src: Vec<usize> = perm.iter().map(|&p| own[p]).collect();
-    let xs = x.as_slice()?;
-    let mut v = Vec::with_capacity(xs.len());
-    for_each_offset(&out, &src, |_, o| v.push(xs[o]));
-    Tensor::from_vec(out, v)
+    match x.storage() {
+        Storage::Cpu(xs) => {
+            let v = cpu::permute(xs, &out, &src);
+            Tensor::from_vec(out, v)
+        }
+    }
 }
 
 impl<T: Element> Op<T> for Permute {
@@ -100,15 +114,10 @@ impl<T: Element> Op<T> for BroadcastTo {
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, ())> {
         let x = x[0];
         check_broadcast(x.shape(), &self.to)?;
-        if x.shape() == self.to.as_slice() {
+        if x.shape() == self.to {
             return Ok((x.clone(), ()));
         }
-        let xs = x.as_slice()?;
-        let mut v = alloc::<T>("broadcast_to", &self.to)?;
-        for_each_offset(&self.to, &broadcast_strides(x.shape(), &self.to), |_, o| {
-            v.push(xs[o])
-        });
-        Ok((Tensor::from_vec(self.to.clone(), v)?, ()))
+        Ok((unary_to("broadcast_to", Unary::Copy, x, &self.to)?, ()))
     }
     fn backward(&self, _: &(), g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
         Ok(vec![Some(g.clone())])

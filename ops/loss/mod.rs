@@ -1,27 +1,64 @@
 //! Scalar losses: mean squared error and softmax cross-entropy.
+//!
+//! ```text
+//! mse            L = (1/N) sum_i (p_i - t_i)^2
+//!                dp_i = (2g/N) (p_i - t_i),  dt_i = -dp_i
+//! cross-entropy  l_r = (m_r - x_{r,t_r}) + ln s_r,  L = (1/n) sum_r l_r
+//!                dx_{r,j} = (g/n) (softmax(x_r)_j - [j = t_r])
+//! ```
+//!
+//! with `g` the scalar output gradient, and per row `r` of the `[n, c]`
+//! logits `m_r = max_j x_{r,j}` and `s_r = sum_j exp(x_{r,j} - m_r)`. The
+//! data is reached only through the device-level kernels below; the class
+//! targets are host metadata, given by the caller.
 
-use super::softmax::lane_stats;
+mod cpu;
+
+use super::elementwise::check_devices;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
 use crate::tape::{Tape, Var};
-use crate::tensor::Tensor;
-use num_traits::{Float, One, Zero};
+use crate::tensor::{Storage, Tensor};
+use num_traits::One;
 
-/// The single value of a scalar gradient.
-fn scalar<T: Element>(op: &'static str, g: &Tensor<T>) -> Result<T::Acc> {
-    match g.as_slice()? {
-        [v] => Ok(v.to_acc()),
-        _ => Err(Error::ShapeMismatch {
+/// `g` holds the single value of a scalar gradient.
+fn check_scalar<T: Element>(op: &'static str, g: &Tensor<T>) -> Result<()> {
+    if g.numel() == 1 {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch {
             op,
             lhs: g.shape().to_vec(),
             rhs: vec![],
-        }),
+        })
     }
 }
 
-fn acc_of<T: Element>(n: usize) -> T::Acc {
-    <T::Acc as num_traits::NumCast>::from(n).unwrap_or_else(T::Acc::infinity)
+/// `(1/N) sum_i (p_i - t_i)^2` as a rank-0 tensor (shapes checked by the
+/// caller): the device-level forward kernel of mse.
+fn mse_kernel<T: Element>(p: &Tensor<T>, t: &Tensor<T>) -> Result<Tensor<T>> {
+    check_devices("mse", p, t)?;
+    match (p.storage(), t.storage()) {
+        (Storage::Cpu(ps), Storage::Cpu(ts)) => Ok(Tensor::scalar(cpu::mse(ps, ts))),
+    }
+}
+
+/// `sign (2g/N) (p_i - t_i)` for the scalar gradient `g`: the device-level
+/// backward kernel of mse.
+fn mse_grad_kernel<T: Element>(
+    g: &Tensor<T>,
+    p: &Tensor<T>,
+    t: &Tensor<T>,
+    sign: T::Acc,
+) -> Result<Tensor<T>> {
+    check_devices("mse", g, p)?;
+    check_devices("mse", p, t)?;
+    match (g.storage(), p.storage(), t.storage()) {
+        (Storage::Cpu(gs), Storage::Cpu(ps), Storage::Cpu(ts)) => {
+            Tensor::from_vec(p.shape().to_vec(), cpu::mse_grad(gs, ps, ts, sign))
+        }
+    }
 }
 
 struct Mse;
@@ -49,20 +86,8 @@ impl<T: Element> Op<T> for Mse {
                 rhs: t.shape().to_vec(),
             });
         }
-        let sum: T::Acc = p
-            .as_slice()?
-            .iter()
-            .zip(t.as_slice()?)
-            .map(|(&a, &b)| {
-                let d = a.to_acc() - b.to_acc();
-                d * d
-            })
-            .sum();
-        let loss = sum / acc_of::<T>(p.numel());
-        Ok((
-            Tensor::scalar(T::from_acc(loss)),
-            ((*p).clone(), (*t).clone()),
-        ))
+        let loss = mse_kernel(p, t)?;
+        Ok((loss, ((*p).clone(), (*t).clone())))
     }
 
     /// With the scalar `g = dL_total/dL`: `dp_i = (2g/N)(p_i - t_i)`,
@@ -73,18 +98,8 @@ impl<T: Element> Op<T> for Mse {
         g: &Tensor<T>,
         needs: &[bool],
     ) -> Result<Vec<Option<Tensor<T>>>> {
-        let two = T::Acc::one() + T::Acc::one();
-        let k = two * scalar("mse", g)? / acc_of::<T>(p.numel());
-        let grad = |sign: T::Acc| -> Result<Tensor<T>> {
-            let ks = k * sign;
-            let v = p
-                .as_slice()?
-                .iter()
-                .zip(t.as_slice()?)
-                .map(|(&a, &b)| T::from_acc(ks * (a.to_acc() - b.to_acc())))
-                .collect();
-            Tensor::from_vec(p.shape().to_vec(), v)
-        };
+        check_scalar("mse", g)?;
+        let grad = |sign: T::Acc| mse_grad_kernel(g, p, t, sign);
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
         let dp = need(0).then(|| grad(T::Acc::one())).transpose()?;
         let dt = need(1).then(|| grad(-T::Acc::one())).transpose()?;
@@ -104,12 +119,61 @@ struct CrossEntropy {
     targets: Vec<usize>,
 }
 
-/// What cross-entropy's backward needs: the logits (an input), and per row
-/// the max `m` and `ln s`, `s = sum_j exp(x_j - m)` (2 numbers per row).
+/// Per row of the logits the max `m` and `ln s`, `s = sum_j exp(x_j - m)`
+/// (2 numbers per row), held on the logits' device: only the kernels read
+/// them.
+enum CeStats<A> {
+    Cpu(cpu::RowStats<A>),
+}
+
+impl<A> CeStats<A> {
+    /// Numbers held (both statistics).
+    fn len(&self) -> usize {
+        match self {
+            CeStats::Cpu(s) => s.max.len() + s.log_sum.len(),
+        }
+    }
+}
+
+/// The mean cross-entropy of `[n, c]` logits `x` against `targets` (checked
+/// by the caller) as a rank-0 tensor, and the per-row statistics backward
+/// reuses: the device-level forward kernel.
+fn cross_entropy_kernel<T: Element>(
+    x: &Tensor<T>,
+    c: usize,
+    targets: &[usize],
+) -> Result<(Tensor<T>, CeStats<T::Acc>)> {
+    match x.storage() {
+        Storage::Cpu(xs) => {
+            let (loss, stats) = cpu::cross_entropy(xs, x.shape(), c, targets)?;
+            Ok((Tensor::scalar(loss), CeStats::Cpu(stats)))
+        }
+    }
+}
+
+/// `(g/n) (softmax(x_r)_j - [j = t_r])` from the saved statistics, for the
+/// scalar gradient `g`: the device-level backward kernel.
+fn cross_entropy_grad_kernel<T: Element>(
+    g: &Tensor<T>,
+    x: &Tensor<T>,
+    c: usize,
+    targets: &[usize],
+    stats: &CeStats<T::Acc>,
+) -> Result<Tensor<T>> {
+    check_devices("cross_entropy", g, x)?;
+    match (g.storage(), x.storage(), stats) {
+        (Storage::Cpu(gs), Storage::Cpu(xs), CeStats::Cpu(st)) => Tensor::from_vec(
+            x.shape().to_vec(),
+            cpu::cross_entropy_grad(gs, xs, c, targets, st),
+        ),
+    }
+}
+
+/// What cross-entropy's backward needs: the logits (an input), and the
+/// per-row statistics of the forward.
 struct CeState<T: Element> {
     logits: Tensor<T>,
-    max: Vec<T::Acc>,
-    log_sum: Vec<T::Acc>,
+    stats: CeStats<T::Acc>,
     targets: Vec<usize>,
 }
 
@@ -117,7 +181,7 @@ impl<T: Element> Saved for CeState<T> {
     fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
         self.logits.visit(f);
         let acc = std::mem::size_of::<T::Acc>();
-        f(SavedItem::Raw((self.max.len() + self.log_sum.len()) * acc));
+        f(SavedItem::Raw(self.stats.len() * acc));
         f(SavedItem::Raw(
             self.targets.len() * std::mem::size_of::<usize>(),
         ));
@@ -141,38 +205,14 @@ impl<T: Element> Op<T> for CrossEntropy {
                 msg: format!("expects 1 input, got {}", x.len()),
             });
         };
-        let (n, c) = check_ce(x.shape(), &self.targets)?;
-        let xs = x.as_slice()?;
-        let mut max = vec![T::Acc::zero(); n];
-        let mut log_sum = vec![T::Acc::zero(); n];
-        let mut total = T::Acc::zero();
-        if c > 0 {
-            for (r, ((row, &t), (m, ls))) in xs
-                .chunks_exact(c)
-                .zip(&self.targets)
-                .zip(max.iter_mut().zip(log_sum.iter_mut()))
-                .enumerate()
-            {
-                lane_stats::<T>(
-                    row,
-                    1,
-                    std::slice::from_mut(m),
-                    std::slice::from_mut(ls),
-                    None,
-                );
-                *ls = ls.ln();
-                let xt = row.get(t).ok_or_else(|| bad_target(x.shape(), r, t))?;
-                total += (*m - xt.to_acc()) + *ls;
-            }
-        }
-        let loss = total / acc_of::<T>(n);
+        let (_, c) = check_ce(x.shape(), &self.targets)?;
+        let (loss, stats) = cross_entropy_kernel(x, c, &self.targets)?;
         let state = CeState {
             logits: (*x).clone(),
-            max,
-            log_sum,
+            stats,
             targets: self.targets.clone(),
         };
-        Ok((Tensor::scalar(T::from_acc(loss)), state))
+        Ok((loss, state))
     }
 
     /// With the scalar `g`: `dx_{r,j} = (g/n) (softmax(x_r)_j - [j = t_r])`,
@@ -186,31 +226,10 @@ impl<T: Element> Op<T> for CrossEntropy {
         if !needs.first().copied().unwrap_or(false) {
             return Ok(vec![None]);
         }
-        let shape = st.logits.shape();
-        let (n, c) = check_ce(shape, &st.targets)?;
-        let k = scalar("cross_entropy", g)? / acc_of::<T>(n);
-        let xs = st.logits.as_slice()?;
-        let mut out = vec![T::ZERO; xs.len()];
-        if c > 0 {
-            for ((((orow, row), &t), &m), &ls) in out
-                .chunks_exact_mut(c)
-                .zip(xs.chunks_exact(c))
-                .zip(&st.targets)
-                .zip(&st.max)
-                .zip(&st.log_sum)
-            {
-                for (j, (dx, &v)) in orow.iter_mut().zip(row).enumerate() {
-                    let p = ((v.to_acc() - m) - ls).exp();
-                    let onehot = if j == t {
-                        T::Acc::one()
-                    } else {
-                        T::Acc::zero()
-                    };
-                    *dx = T::from_acc(k * (p - onehot));
-                }
-            }
-        }
-        Ok(vec![Some(Tensor::from_vec(shape.to_vec(), out)?)])
+        let (_, c) = check_ce(st.logits.shape(), &st.targets)?;
+        check_scalar("cross_entropy", g)?;
+        let dx = cross_entropy_grad_kernel(g, &st.logits, c, &st.targets, &st.stats)?;
+        Ok(vec![Some(dx)])
     }
 }
 

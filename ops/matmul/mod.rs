@@ -1,0 +1,184 @@
+//! Matrix product with NumPy batch broadcasting.
+//!
+//! `matmul(a, b)` takes `a: [..., m, k]` and `b: [..., k, n]` (rank >= 2
+//! each) and returns `[..., m, n]`, where the leading (batch) dims broadcast
+//! under NumPy's rules; a 2-D operand is shared by every batch entry.
+//! 1-D operands are rejected rather than promoted (reshape to `[1, k]` or
+//! `[k, 1]`), so the gradient always has the operand's own rank.
+//!
+//! ```text
+//! Y[b] = A[b] @ B[b]        Y[b,i,j] = sum_p A[b,i,p] B[b,p,j]
+//! dA[b] = G[b] @ B[b]^T     dB[b] = A[b]^T @ G[b]
+//! ```
+//!
+//! with `G = dL/dY`; an operand broadcast over the batch gets its gradient
+//! summed over those dims by the tape. Forward and both gradients are one
+//! device-level kernel, `bmm`, a batched product with optional transposes
+//! of its operands' last two dims.
+
+mod cpu;
+
+use super::elementwise::check_devices;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::shape::{alloc_filled, broadcast_shapes};
+use crate::tape::{Tape, Var};
+use crate::tensor::{Storage, Tensor};
+
+const OP: &str = "matmul";
+
+/// Validated shapes of a batched product.
+struct Dims {
+    /// Broadcast batch shape.
+    batch: Vec<usize>,
+    m: usize,
+    k: usize,
+    n: usize,
+}
+
+fn dims(a: &[usize], b: &[usize]) -> Result<Dims> {
+    let (ra, rb) = (a.len(), b.len());
+    if ra < 2 || rb < 2 {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!(
+                "operands need rank >= 2, got {a:?} @ {b:?} \
+                 (reshape a vector to [1, k] or [k, 1])"
+            ),
+        });
+    }
+    let (m, k) = (a[ra - 2], a[ra - 1]);
+    let (k2, n) = (b[rb - 2], b[rb - 1]);
+    if k != k2 {
+        return Err(Error::MatmulMismatch {
+            op: OP,
+            lhs: a.to_vec(),
+            rhs: b.to_vec(),
+            k_lhs: k,
+            k_rhs: k2,
+        });
+    }
+    let batch =
+        broadcast_shapes(OP, &a[..ra - 2], &b[..rb - 2]).map_err(|_| Error::BroadcastMismatch {
+            op: OP,
+            lhs: a.to_vec(),
+            rhs: b.to_vec(),
+        })?;
+    Ok(Dims { batch, m, k, n })
+}
+
+/// `shape` with its last two dims swapped (unchanged below rank 2, which
+/// [`dims`] rejects).
+fn swap_last2(shape: &[usize]) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    let r = s.len();
+    if r >= 2 {
+        s.swap(r - 2, r - 1);
+    }
+    s
+}
+
+/// Batched `op(a) @ op(b)`, batch dims broadcast, where `op` swaps the last
+/// two dims of an operand whose flag (`ta`, `tb`) is set: the device-level
+/// kernel shared by forward and backward.
+fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>, ta: bool, tb: bool) -> Result<Tensor<T>> {
+    check_devices(OP, a, b)?;
+    let la = if ta {
+        swap_last2(a.shape())
+    } else {
+        a.shape().to_vec()
+    };
+    let lb = if tb {
+        swap_last2(b.shape())
+    } else {
+        b.shape().to_vec()
+    };
+    let Dims { batch, m, k, n } = dims(&la, &lb)?;
+    let mut shape = batch.clone();
+    shape.extend([m, n]);
+    match (a.storage(), b.storage()) {
+        (Storage::Cpu(xa), Storage::Cpu(xb)) => {
+            // `[m, 1] @ [1, n]` is far larger than its operands: allocate
+            // fallibly.
+            let mut out = alloc_filled(OP, &shape, T::ZERO)?;
+            cpu::bmm(
+                (xa, a.shape(), ta),
+                (xb, b.shape(), tb),
+                &batch,
+                [m, k, n],
+                &mut out,
+            );
+            Tensor::from_vec(shape, out)
+        }
+    }
+}
+
+struct Matmul;
+
+impl<T: Element> Op<T> for Matmul {
+    /// Both operands: each one's gradient needs the other.
+    type State = (Tensor<T>, Tensor<T>);
+
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    /// `Y[b] = A[b] @ B[b]`, i.e. `Y[b,i,j] = sum_p A[b,i,p] B[b,p,j]`, where
+    /// `b` runs over the broadcast batch and indexes each operand through
+    /// its own (broadcast) batch dims.
+    fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Self::State)> {
+        let [a, b] = x else {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: format!("expects 2 inputs, got {}", x.len()),
+            });
+        };
+        let y = bmm(a, b, false, false)?;
+        Ok((y, ((*a).clone(), (*b).clone())))
+    }
+
+    /// With `G = dL/dY` of shape `[batch, m, n]`:
+    /// `dA[b] = G[b] @ B[b]^T` (`[batch, m, k]`) and
+    /// `dB[b] = A[b]^T @ G[b]` (`[batch, k, n]`).
+    /// Both come back in the broadcast batch shape; where an operand was
+    /// broadcast over the batch, the tape's `sum_to_shape` sums its gradient
+    /// over those dims (`dW = sum_b A[b]^T G[b]` for a shared 2-D `W`).
+    fn backward(
+        &self,
+        (a, b): &Self::State,
+        g: &Tensor<T>,
+        needs: &[bool],
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+        if g.numel() == 0 {
+            // Every entry of dA and dB is a sum over entries of G: with none,
+            // all are 0. Zeros of the operand's own shape also avoid a
+            // broadcast-batch intermediate, which for an empty output can be
+            // far larger than anything that exists ([2^56, 0, 1] @ [1, 3]).
+            let zeros = |i: usize, t: &Tensor<T>| need(i).then(|| Tensor::zeros(t.shape()));
+            return Ok(vec![zeros(0, a).transpose()?, zeros(1, b).transpose()?]);
+        }
+        let da = if need(0) {
+            Some(bmm(g, b, false, true)?)
+        } else {
+            None
+        };
+        let db = if need(1) {
+            Some(bmm(a, g, true, false)?)
+        } else {
+            None
+        };
+        Ok(vec![da, db])
+    }
+}
+
+/// Matrix product `a @ b` of `[..., m, k]` and `[..., k, n]` with NumPy
+/// broadcasting of the batch dims; returns `[..., m, n]`.
+///
+/// Errors: `MatmulMismatch` if the inner dims differ, `BroadcastMismatch`
+/// if the batch dims do not broadcast, `InvalidArgument` for an operand of
+/// rank < 2 (vectors are not promoted as NumPy does).
+pub fn matmul<T: Element>(a: &Var<T>, b: &Var<T>) -> Result<Var<T>> {
+    Tape::apply(Matmul, &[a, b])
+}
