@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Alternates two `fusegrad` binaries' `bench --json` runs and compares them.
+"""Alternates two benchmark commands' JSON reports and compares them.
 
-    scripts/ab_compare.py OLD_BIN NEW_BIN [--rounds 5]
+    scripts/ab_compare.py OLD_CMD NEW_CMD [--rounds 5]
 
-Each round runs OLD then NEW (in that order, one at a time). For every
-shape it prints the median fused forward+backward time of each binary over
-the rounds and NEW/OLD; then the median tape overhead per op of each.
+Each command prints the LayerNorm report as one JSON object (with
+`shapes` and `tape`): `fusegrad bench --json`, or the probes bench
+binary with `--json --no-composed --budget 0.4`. Each round runs OLD then
+NEW, one at a time. For every shape it prints the median fused
+forward+backward time of each over the rounds and NEW/OLD; then the median
+tape overhead per op of each.
 """
 import argparse
 import json
@@ -13,16 +16,14 @@ import statistics
 import subprocess
 
 
-def run(bin_path):
-    out = subprocess.run([bin_path, "bench", "--json"], check=True,
+def run(cmd):
+    out = subprocess.run(cmd, shell=True, check=True,
                          capture_output=True, text=True).stdout
     for line in out.splitlines():
         line = line.strip()
         if line.startswith("{") and '"shapes"' in line:
             return json.loads(line)
-    # The newer binary prints one object holding both LayerNorm and prims.
-    obj = json.loads(out)
-    return obj.get("layer_norm", obj)
+    raise SystemExit(f"no JSON report in the output of {cmd!r}")
 
 
 def main():

@@ -50,7 +50,7 @@ use crate::device::cpu::{
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::ops::norm::cpu_rows::{
-    at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, LANES,
+    at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, widen_or, LANES,
 };
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};

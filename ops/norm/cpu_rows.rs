@@ -64,6 +64,15 @@ pub(crate) fn widen<T: Element>(p: Option<&[T]>) -> Buffer<Acc<T>> {
         .unwrap_or_default()
 }
 
+/// `p` widened to the accumulation type, or `d` copies of `fill` where
+/// there is no `p` (an identity parameter: 1 for a scale, -0 for a shift).
+pub(crate) fn widen_or<T: Element>(p: Option<&[T]>, d: usize, fill: Acc<T>) -> Buffer<Acc<T>> {
+    match p {
+        Some(p) => widen(Some(p)),
+        None => Buffer::from_vec(vec![fill; d]),
+    }
+}
+
 /// The backward groups' partial rows, if `want`: one row of `width` per
 /// group of `rpg` rows of `d` in `len` elements, in one buffer from the
 /// pool (each task zeroes its own row), so that large partial rows do not

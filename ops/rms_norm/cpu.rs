@@ -15,7 +15,7 @@ use crate::dtype::Accum;
 use crate::dtype::Element;
 use crate::ops::layer_norm::scaled::{self, rstd_limit, trusted};
 use crate::ops::norm::cpu_rows::{
-    at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, LANES,
+    at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, widen_or, LANES,
 };
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
@@ -147,15 +147,15 @@ pub(crate) fn forward<T: Element>(
     eps: Acc<T>,
 ) -> (Buffer<T>, Buffer<Acc<T>>, bool) {
     let n = x.len() / d;
-    let g = widen(gamma);
+    // Absent gamma is ones (`v * 1` is exact): one build instead of two.
+    let g = widen_or(gamma, d, <Acc<T> as One>::one());
     let mut y = Tensor::<T>::scratch(n * d);
     let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
     // Streaming builds for f32 only (see the LayerNorm forward).
-    let run = match gamma.is_some() {
-        true if T::SIMD && should_stream::<T>(n * d) => fwd_launch::<T, true, true>,
-        false if T::SIMD && should_stream::<T>(n * d) => fwd_launch::<T, false, true>,
-        true => fwd_launch::<T, true, false>,
-        false => fwd_launch::<T, false, false>,
+    let run = if T::SIMD && should_stream::<T>(n * d) {
+        fwd_launch::<T, true, true>
+    } else {
+        fwd_launch::<T, true, false>
     };
     let suspect = run(&x[..n * d], &mut y, &mut rstd, &g, d, eps);
     (y, rstd, suspect)
@@ -338,15 +338,14 @@ pub(crate) fn backward<T: Element>(
     } else {
         Buffer::default()
     };
-    let run = match (want_dx, want_dgamma) {
-        (true, true) if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, true, true>,
-        (true, false) if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, false, true>,
-        (true, true) => bwd_launch::<T, true, true, false>,
-        (true, false) => bwd_launch::<T, true, false, false>,
-        (false, true) => bwd_launch::<T, false, true, false>,
-        (false, false) => bwd_launch::<T, false, false, false>,
+    // Streaming builds for f32 only; the partials always summed (see the
+    // LayerNorm backward).
+    let run = match want_dx {
+        true if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, true, true>,
+        true => bwd_launch::<T, true, true, false>,
+        false => bwd_launch::<T, false, true, false>,
     };
-    let mut parts = partial_rows(want_dgamma, x.len(), (rpg, d), d);
+    let mut parts = partial_rows(true, x.len(), (rpg, d), d);
     run(x, dy, rstd, &mut dx, &g, d, rpg, &mut parts);
     let dgamma = want_dgamma.then(|| {
         let sums = reduce_partials(&parts, d);

@@ -640,16 +640,15 @@ pub(crate) fn backward<T: Element>(
     } else {
         Buffer::default()
     };
-    // As in the forward: streaming builds for f32 only.
-    let run = match (want_dx, want_p) {
-        (true, true) if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, true, true>,
-        (true, false) if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, false, true>,
-        (true, true) => bwd_launch::<T, true, true, false>,
-        (true, false) => bwd_launch::<T, true, false, false>,
-        (false, true) => bwd_launch::<T, false, true, false>,
-        (false, false) => bwd_launch::<T, false, false, false>,
+    // As in the forward: streaming builds for f32 only. The partials are
+    // always summed (a few adds per element into a row that stays in
+    // cache, dropped when not wanted), so only two builds exist per `NT`.
+    let run = match want_dx {
+        true if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, true, true>,
+        true => bwd_launch::<T, true, true, false>,
+        false => bwd_launch::<T, false, true, false>,
     };
-    let mut parts = partial_rows(want_p, x.len(), (rpg, d), 2 * d);
+    let mut parts = partial_rows(true, x.len(), (rpg, d), 2 * d);
     let lay = Layout::new(d, interleaved_partials());
     run(x, dy, mean, rstd, &mut dx, &g, d, rpg, &mut parts, lay);
     let (dgamma, dbeta) = if want_p {

@@ -5,9 +5,11 @@ use super::*;
 use crate::ops::layer_norm::scaled::{rstd_limit, trusted};
 
 /// One forward task: whole rows of `x` and the matching `y`, `mean`, `rstd`.
-/// `G`/`B` say whether gamma/beta are present (their slices are empty if
-/// not); `NT` streams `y` past the cache.
-struct Fwd<'a, T: Element, const G: bool, const B: bool, const NT: bool> {
+/// `gamma` and `beta` are always there (ones and negative zeros stand in
+/// for absent ones: `v * 1` and `v + -0` are exact, so the bits are those
+/// of leaving them out, with one build instead of four); `NT` streams `y`
+/// past the cache.
+struct Fwd<'a, T: Element, const NT: bool> {
     x: &'a [T],
     y: &'a mut [T],
     mean: &'a mut [Acc<T>],
@@ -28,7 +30,7 @@ struct Fwd<'a, T: Element, const G: bool, const B: bool, const NT: bool> {
     suspect: bool,
 }
 
-impl<T: Element, const G: bool, const B: bool, const NT: bool> Kernel<T> for Fwd<'_, T, G, B, NT> {
+impl<T: Element, const NT: bool> Kernel<T> for Fwd<'_, T, NT> {
     /// Whether some row's statistics are out of the trusted range.
     type Output = bool;
 
@@ -95,7 +97,7 @@ impl<A, const R: usize> Default for Ahead<A, R> {
     }
 }
 
-impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, NT> {
+impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
     /// Rows `i..i + STATS_FIRST_ROWS`, one at a time: the statistics
     /// passes of all of them back to back, then their output passes, which
     /// prefetch the rows as many rows ahead (see [`stats_first`]). Each
@@ -159,8 +161,7 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
                 self.suspect |= !trusted(m[s], r[s], self.limit);
             }
         }
-        let n = d.min(if G { self.gamma.len() } else { d });
-        let n = n.min(if B { self.beta.len() } else { d });
+        let n = d.min(self.gamma.len()).min(self.beta.len());
         let xr = xr.map(|x| head(x, n));
         let yr = rows_at_mut::<T, R>(&mut *self.y, i, d).map(|y| {
             let k = n.min(y.len());
@@ -168,39 +169,24 @@ impl<T: Element, const G: bool, const B: bool, const NT: bool> Fwd<'_, T, G, B, 
         });
         let (g, b) = (head(self.gamma, n), head(self.beta, n));
         let (mv, rv) = (splats::<T, V, R>(m), splats::<T, V, R>(r));
-        // `G` and `B` are constants: each build keeps only its terms, in
-        // the order `xhat * g + b`. The next rows are fetched a row ahead
+        // In the order `xhat * g + b`. The next rows are fetched a row ahead
         // only where `y` is streamed, and not when their mean pass runs
         // alongside (it reads them).
         let (ahead, stride) = (NT && !next && self.pf_next, R.max(self.ahead_rows) * d);
         let (vp, sc) = (
             // SAFETY: the writers pass `i + LANES <= n`, and `xr[k]`, `g`,
-            // `b` have length `n` (when present).
+            // `b` have length `n`.
             #[inline(always)]
             |k: usize, i: usize, pf: bool| unsafe {
                 if pf {
                     prefetch_next(xr[k], stride, i);
                 }
-                let mut v = xhat_at(xr[k], i, mv[k], rv[k]);
-                if G {
-                    v = v.mul(V::load_acc_at(g, i));
-                }
-                if B {
-                    v = v.add(V::load_acc_at(b, i));
-                }
-                v
+                xhat_at(xr[k], i, mv[k], rv[k])
+                    .mul(V::load_acc_at(g, i))
+                    .add(V::load_acc_at(b, i))
             },
             #[inline(always)]
-            |k: usize, i: usize| {
-                let mut v = xhat_one(xr[k], i, m[k], r[k]);
-                if G {
-                    v *= at(g, i);
-                }
-                if B {
-                    v += at(b, i);
-                }
-                v
-            },
+            |k: usize, i: usize| xhat_one(xr[k], i, m[k], r[k]) * at(g, i) + at(b, i),
         );
         let (v,) = (
             #[inline(always)]
@@ -303,7 +289,7 @@ pub(super) fn fwd_rows_per_task(row_bytes: usize, rpc: usize) -> usize {
 /// Runs the forward tasks: one per chunk of rows, in parallel when there
 /// is more than one ([`dispatch_all`]); whether any row is suspect.
 #[allow(clippy::too_many_arguments)]
-fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
+fn fwd_launch<T: Element, const NT: bool>(
     x: &[T],
     y: &mut [T],
     mean: &mut [Acc<T>],
@@ -317,7 +303,7 @@ fn fwd_launch<T: Element, const G: bool, const B: bool, const NT: bool>(
     let limit = rstd_limit::<Acc<T>>();
     let (seg, pf_next) = (segmented(row_bytes), prefetch_next_on());
     let rpc = fwd_rows_per_task(row_bytes, rows_per_chunk(d));
-    let jobs: Vec<Fwd<'_, T, G, B, NT>> = x
+    let jobs: Vec<Fwd<'_, T, NT>> = x
         .chunks(rpc * d)
         .zip(y.chunks_mut(rpc * d))
         .zip(mean.chunks_mut(rpc).zip(rstd.chunks_mut(rpc)))
@@ -350,26 +336,17 @@ pub(crate) fn forward<T: Element>(
     eps: Acc<T>,
 ) -> Forward<T> {
     let n = x.len() / d;
-    let (g, b) = (widen(gamma), widen(beta));
+    let g = widen_or(gamma, d, <Acc<T> as One>::one());
+    let b = widen_or(beta, d, -<Acc<T> as Zero>::zero());
     let mut y = Tensor::<T>::scratch(n * d);
     let mut mean = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
     let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
-    // Streaming builds exist for f32 only; `T::SIMD` first keeps the
-    // others from being compiled for other types.
+    // Streaming builds exist for f32 only; `T::SIMD` first keeps them
+    // from being compiled for other types.
     let run = if T::SIMD && should_stream::<T>(n * d) {
-        match (gamma.is_some(), beta.is_some()) {
-            (true, true) => fwd_launch::<T, true, true, true>,
-            (true, false) => fwd_launch::<T, true, false, true>,
-            (false, true) => fwd_launch::<T, false, true, true>,
-            (false, false) => fwd_launch::<T, false, false, true>,
-        }
+        fwd_launch::<T, true>
     } else {
-        match (gamma.is_some(), beta.is_some()) {
-            (true, true) => fwd_launch::<T, true, true, false>,
-            (true, false) => fwd_launch::<T, true, false, false>,
-            (false, true) => fwd_launch::<T, false, true, false>,
-            (false, false) => fwd_launch::<T, false, false, false>,
-        }
+        fwd_launch::<T, false>
     };
     let suspect = run(&x[..n * d], &mut y, &mut mean, &mut rstd, &g, &b, d, eps);
     Forward {
