@@ -103,6 +103,11 @@ impl<const K: usize> Layout<K> {
 
 /// Runs `f(first output index, chunk)` over `dst` in [`CHUNK`]s on the team.
 pub(crate) fn par_chunks<T: Element>(dst: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
+    // One chunk: run it here, with no job list to allocate (small tensors
+    // are most ops of a training step).
+    if dst.len() <= CHUNK {
+        return f(0, dst);
+    }
     let jobs: Vec<(usize, &mut [T])> = dst
         .chunks_mut(CHUNK)
         .enumerate()

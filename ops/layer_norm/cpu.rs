@@ -118,6 +118,9 @@ pub(crate) use forward::forward;
 use super::scaled;
 use crate::dtype::Accum;
 
+/// Per-row statistics in the accumulation type.
+type Stats<T> = Buffer<Acc<T>>;
+
 /// The forward with the scaled fallback applied to the rows the kernel
 /// flagged: `(y, mean, rstd, scaled)`, `scaled` set when any row took it.
 /// Rows are looked for only when the kernel flagged one, so the common
@@ -128,7 +131,7 @@ pub(crate) fn forward_checked<T: Element>(
     gs: Option<&[T]>,
     bs: Option<&[T]>,
     eps: Acc<T>,
-) -> (Buffer<T>, Buffer<Acc<T>>, Buffer<Acc<T>>, bool) {
+) -> (Buffer<T>, Stats<T>, Stats<T>, bool) {
     let mut out = forward(xs, d, gs, bs, eps);
     let rows = if out.suspect {
         scaled::suspect_rows(xs, d, Some(&out.mean), &out.rstd)

@@ -239,6 +239,9 @@ pub(crate) fn run_tasks(count: usize, f: &(dyn Fn(usize) + Sync)) {
 /// `f` of each item, in parallel through [`run_tasks`] (one task per
 /// item), in item order.
 pub(crate) fn run_each<I: Send, O: Send>(items: Vec<I>, f: impl Fn(I) -> O + Sync) -> Vec<O> {
+    if items.len() <= 1 {
+        return items.into_iter().map(f).collect();
+    }
     // Each slot is taken by the one task that claims its index.
     let slots: Vec<Mutex<(Option<I>, Option<O>)>> = items
         .into_iter()

@@ -69,6 +69,9 @@ pub(super) fn update<T: Element>(
     (out, state)
 }
 
+/// One chunk's work: its first index, its parameters and its state slices.
+type Job<'a, T> = (usize, &'a mut [T], Vec<&'a mut [<T as Element>::Acc]>);
+
 /// Writes `f(i)`'s parameter into `out[i]` and its state values into
 /// `state[k][i]`, in parallel over fixed chunks.
 fn chunks<T: Element>(
@@ -76,7 +79,7 @@ fn chunks<T: Element>(
     state: &mut [Buffer<T::Acc>],
     f: impl Fn(usize) -> (T::Acc, [T::Acc; 2]) + Sync,
 ) {
-    let mut jobs: Vec<(usize, &mut [T], Vec<&mut [T::Acc]>)> = out
+    let mut jobs: Vec<Job<T>> = out
         .chunks_mut(CHUNK)
         .enumerate()
         .map(|(c, o)| (c * CHUNK, o, Vec::new()))
