@@ -44,6 +44,29 @@ impl Dims {
         }
     }
 
+    /// No entries.
+    #[inline]
+    pub(crate) const fn new() -> Self {
+        Dims::Inline(0, [0; Self::INLINE])
+    }
+
+    /// Appends `v`, moving to the heap past [`Dims::INLINE`] entries.
+    #[inline]
+    pub(crate) fn push(&mut self, v: usize) {
+        match self {
+            Dims::Inline(n, a) if (*n as usize) < Self::INLINE => {
+                a[*n as usize] = v;
+                *n += 1;
+            }
+            Dims::Inline(n, a) => {
+                let mut h = a[..*n as usize].to_vec();
+                h.push(v);
+                *self = Dims::Heap(h);
+            }
+            Dims::Heap(h) => h.push(v),
+        }
+    }
+
     /// The entries of an iterator.
     #[inline]
     pub(crate) fn collect(it: impl ExactSizeIterator<Item = usize>) -> Self {
@@ -67,6 +90,16 @@ impl std::ops::Deref for Dims {
     fn deref(&self) -> &[usize] {
         match self {
             Dims::Inline(n, a) => &a[..(*n as usize).min(Self::INLINE)],
+            Dims::Heap(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Dims {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [usize] {
+        match self {
+            Dims::Inline(n, a) => &mut a[..(*n as usize).min(Self::INLINE)],
             Dims::Heap(v) => v,
         }
     }

@@ -8,7 +8,7 @@ use super::{Binary, Unary};
 use crate::device::cpu::{dispatch, fence, run_each, should_stream, write_row, Kernel, Lanes};
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
-use crate::shape::broadcast_strides;
+use crate::tensor::Dims;
 use num_traits::{Float, Zero};
 
 type Acc<T> = <T as Element>::Acc;
@@ -21,16 +21,18 @@ pub(crate) const CHUNK: usize = 1 << 15;
 /// where every operand steps through them as one: the last dim is the row
 /// each piece lies in.
 pub(crate) struct Layout<const K: usize> {
-    shape: Vec<usize>,
-    strides: [Vec<usize>; K],
+    shape: Dims,
+    strides: [Dims; K],
 }
 
 impl<const K: usize> Layout<K> {
-    /// The layout of `out` with operand `k` read through `strides[k]`
-    /// (aligned to `out`, 0 along broadcast dims).
-    pub(crate) fn new(out: &[usize], strides: [Vec<usize>; K]) -> Self {
-        let mut shape: Vec<usize> = Vec::with_capacity(out.len());
-        let mut st: [Vec<usize>; K] = std::array::from_fn(|_| Vec::new());
+    /// The layout of `out` with operand `k` of shape `shapes[k]`
+    /// broadcast to it. Inline up to [`Dims::INLINE`] dims: most ops of a
+    /// training step are small, and this costs them no allocation.
+    pub(crate) fn new(out: &[usize], shapes: [&[usize]; K]) -> Self {
+        let strides: [Dims; K] = std::array::from_fn(|k| broadcast_dims(shapes[k], out));
+        let mut shape = Dims::new();
+        let mut st: [Dims; K] = std::array::from_fn(|_| Dims::new());
         for (d, &n) in out.iter().enumerate() {
             if n == 1 {
                 continue;
@@ -55,6 +57,30 @@ impl<const K: usize> Layout<K> {
             }
         }
         Layout { shape, strides: st }
+    }
+
+    /// `n` contiguous elements in every operand: one row, no broadcast.
+    #[inline]
+    pub(crate) fn flat(n: usize) -> Self {
+        let mut one = Dims::new();
+        one.push(n);
+        let mut step = Dims::new();
+        step.push(1);
+        Layout {
+            shape: one,
+            strides: std::array::from_fn(|_| step.clone()),
+        }
+    }
+
+    /// The layout of `out` for operands of shapes `shapes`: flat when all
+    /// are `out` (the common case, with nothing to work out).
+    #[inline]
+    pub(crate) fn of(out: &[usize], shapes: [&[usize]; K]) -> Self {
+        if shapes.iter().all(|s| *s == out) {
+            Self::flat(out.iter().product())
+        } else {
+            Self::new(out, shapes)
+        }
     }
 
     /// Elements per row.
@@ -101,6 +127,25 @@ impl<const K: usize> Layout<K> {
     }
 }
 
+/// [`crate::shape::broadcast_strides`] without allocating for short shapes.
+fn broadcast_dims(shape: &[usize], out: &[usize]) -> Dims {
+    let mut s = Dims::collect(out.iter().map(|_| 0));
+    let lead = out.len().saturating_sub(shape.len());
+    let skip = shape.len().saturating_sub(out.len());
+    let mut step = 1usize;
+    for i in (0..out.len()).rev() {
+        if i < lead {
+            break;
+        }
+        let n = shape[i - lead + skip];
+        if n != 1 {
+            s[i] = step;
+        }
+        step = step.saturating_mul(n);
+    }
+    s
+}
+
 /// Runs `f(first output index, chunk)` over `dst` in [`CHUNK`]s on the team.
 pub(crate) fn par_chunks<T: Element>(dst: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
     // One chunk: run it here, with no job list to allocate (small tensors
@@ -119,7 +164,7 @@ pub(crate) fn par_chunks<T: Element>(dst: &mut [T], f: impl Fn(usize, &mut [T]) 
 /// `k` applied to every element of `x`.
 pub(crate) fn unary<T: Element>(k: Unary, x: &[T]) -> Buffer<T> {
     let mut out = Buffer::take(x.len());
-    unary_into(k, x, &Layout::new(&[x.len()], [vec![1]]), &mut out);
+    unary_into(k, x, &Layout::flat(x.len()), &mut out);
     out
 }
 
@@ -132,7 +177,7 @@ pub(crate) fn unary_broadcast<T: Element>(
     out: &[usize],
     dst: &mut [T],
 ) {
-    let lay = Layout::new(out, [broadcast_strides(xs, out)]);
+    let lay = Layout::of(out, [xs]);
     unary_into(k, x, &lay, dst);
 }
 
@@ -207,10 +252,7 @@ pub(crate) fn binary<T: Element>(
     out: &[usize],
     dst: &mut [T],
 ) {
-    let lay = Layout::new(
-        out,
-        [broadcast_strides(sa, out), broadcast_strides(sb, out)],
-    );
+    let lay = Layout::of(out, [sa, sb]);
     let c = <Acc<T> as Accum>::of;
     let (one, two, half) = (c(1.0), c(2.0), c(0.5));
     macro_rules! go {
@@ -471,4 +513,48 @@ pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &[T]) -> Buffer<T> {
         }
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shape::broadcast_strides;
+
+    #[test]
+    fn inline_strides_match_the_shape_module_past_the_inline_rank() {
+        let out = [2, 3, 1, 4, 5, 2];
+        for shape in [
+            &[3, 1, 4, 1, 2][..],
+            &[2, 3, 1, 4, 5, 2],
+            &[1],
+            &[5, 2],
+            &[],
+        ] {
+            assert_eq!(
+                &*broadcast_dims(shape, &out),
+                &broadcast_strides(shape, &out)[..]
+            );
+        }
+    }
+
+    #[test]
+    fn broadcast_add_of_rank_six_matches_an_index_loop() {
+        let (sa, sb, out) = ([2, 1, 3, 1, 2, 2], [4, 1, 2, 1], [2, 1, 3, 4, 2, 2]);
+        let a: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..8).map(|i| 100.0 * i as f32).collect();
+        let mut dst = vec![0.0f32; 96];
+        binary(Binary::Add, (&a, &sa), (&b, &sb), &out, &mut dst);
+        let (pa, pb) = (broadcast_strides(&sa, &out), broadcast_strides(&sb, &out));
+        let mut idx = [0usize; 6];
+        for (i, &y) in dst.iter().enumerate() {
+            let mut r = i;
+            for d in (0..6).rev() {
+                idx[d] = r % out[d];
+                r /= out[d];
+            }
+            let oa: usize = idx.iter().zip(&pa).map(|(i, s)| i * s).sum();
+            let ob: usize = idx.iter().zip(&pb).map(|(i, s)| i * s).sum();
+            assert_eq!(y, a[oa] + b[ob], "element {i}");
+        }
+    }
 }

@@ -17,7 +17,7 @@ use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::shape::{alloc_filled, broadcast_shapes};
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::{Dims, Storage, Tensor};
 
 /// A function of one value, evaluated in the accumulation type.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -121,13 +121,13 @@ pub(crate) fn binary<T: Element>(
 ) -> Result<Tensor<T>> {
     check_devices(op, a, b)?;
     let out = if a.shape() == b.shape() {
-        a.shape().to_vec()
+        Dims::from_slice(a.shape())
     } else {
-        broadcast_shapes(op, a.shape(), b.shape())?
+        Dims::from_vec(broadcast_shapes(op, a.shape(), b.shape())?)
     };
-    let mut dst = if out == a.shape() {
+    let mut dst = if *out == *a.shape() {
         Buffer::take(a.numel())
-    } else if out == b.shape() {
+    } else if *out == *b.shape() {
         Buffer::take(b.numel())
     } else {
         output::<T>(op, &out)?
