@@ -62,13 +62,10 @@ impl<const K: usize> Layout<K> {
     /// `n` contiguous elements in every operand: one row, no broadcast.
     #[inline]
     pub(crate) fn flat(n: usize) -> Self {
-        let mut one = Dims::new();
-        one.push(n);
-        let mut step = Dims::new();
-        step.push(1);
+        let one = |v| Dims::Inline(1, [v, 0, 0, 0]);
         Layout {
-            shape: one,
-            strides: std::array::from_fn(|_| step.clone()),
+            shape: one(n),
+            strides: [(); K].map(|_| one(1)),
         }
     }
 
