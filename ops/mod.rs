@@ -7,6 +7,8 @@
 pub(crate) mod elementwise;
 mod loss;
 mod matmul;
+#[cfg(feature = "probes")]
+pub(crate) use matmul::{kernel as matmul_kernel, tiled_probe as matmul_tiled};
 pub(crate) mod reduce;
 mod shape;
 mod softmax;

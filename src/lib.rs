@@ -35,6 +35,17 @@ pub mod probes {
         set_team, Profile, Simd, DEFAULT_STREAM_BYTES,
     };
     pub use crate::device::pool::{fresh, set_enabled as set_pool_enabled, set_huge_pages};
+
+    /// `out = a @ b` (row-major `[m, k] @ [k, n]`) by the hand-written
+    /// tiled loop the crate used before `matrixmultiply`.
+    pub fn matmul_tiled(a: &[f32], b: &[f32], out: &mut [f32], k: usize, n: usize) {
+        crate::ops::matmul_tiled(a, b, out, k, n)
+    }
+
+    /// `out = a @ b` by the CPU kernel `ops::matmul` runs.
+    pub fn matmul_kernel(a: &[f32], b: &[f32], out: &mut [f32], [m, k, n]: [usize; 3]) {
+        crate::ops::matmul_kernel(a, b, out, [m, k, n])
+    }
 }
 
 pub use device::Device;

@@ -1,25 +1,97 @@
-//! CPU loops for the batched matrix product. Each product accumulates in
-//! `T::Acc`: each task owns a band of output rows, computes it four rows at
-//! a time against column panels of `b` (i-k-j order: the inner loop is a
-//! contiguous axpy that vectorizes), and rounds to `T` once at the end.
-//! Bands are independent, so the result is bitwise the same for any thread
-//! count. A transposed operand is first copied with its last two dims
-//! swapped, so the loops always read row-major `[m, k] @ [k, n]`.
+//! CPU loops for the batched matrix product, through `matrixmultiply`'s
+//! packed, register-blocked kernels (AVX2/FMA where the CPU has them).
+//! f32 and f64 run in their own type; f16 and bf16 are widened to f32 (their
+//! accumulation type) once per operand, which costs O(mk + kn) beside the
+//! O(mkn) product. Transposes are strides, never copies. Work is split
+//! into bands of output rows; a band's entries are computed exactly as in
+//! one call over all rows, so the result is bitwise the same for any
+//! thread count.
 
 use crate::device::cpu::run_each;
-use crate::dtype::Element;
+use crate::dtype::{Accum, Element};
 use crate::shape::{broadcast_strides, for_each_offset};
-use num_traits::Zero;
-use std::borrow::Cow;
+use std::any::TypeId;
 
-/// Rows per register tile.
-const MR: usize = 4;
-/// Columns per panel: a 4-row accumulator tile of this width stays in L1.
-const NC: usize = 256;
 /// Below this many multiply-adds a product runs on the calling thread.
-const PAR_MIN_MACS: usize = 1 << 16;
-/// Target multiply-adds per parallel task.
-const TASK_MACS: usize = 1 << 15;
+const PAR_MIN_MACS: usize = 1 << 18;
+/// Rows per band at least: each band packs its own panels of `b`.
+const MIN_BAND_ROWS: usize = 32;
+
+/// A scalar `matrixmultiply` has a kernel for.
+trait Gemm: Copy + Send + Sync + 'static {
+    /// `c = a @ b` (`c` overwritten) for strided `a: [m, k]`, `b: [k, n]`
+    /// and row-major `c: [m, n]`, with `(row, column)` strides.
+    fn gemm(
+        mkn: [usize; 3],
+        a: &[Self],
+        sa: [isize; 2],
+        b: &[Self],
+        sb: [isize; 2],
+        c: &mut [Self],
+    );
+}
+
+macro_rules! gemm_impl {
+    ($t:ty, $f:ident) => {
+        impl Gemm for $t {
+            fn gemm(
+                [m, k, n]: [usize; 3],
+                a: &[Self],
+                [rsa, csa]: [isize; 2],
+                b: &[Self],
+                [rsb, csb]: [isize; 2],
+                c: &mut [Self],
+            ) {
+                debug_assert!(c.len() == m * n);
+                let span = |r: usize, c: usize, rs: isize, cs: isize| {
+                    if r == 0 || c == 0 {
+                        0
+                    } else {
+                        (r - 1) * rs as usize + (c - 1) * cs as usize + 1
+                    }
+                };
+                // The bounds the kernel reads and writes, checked once.
+                assert!(a.len() >= span(m, k, rsa, csa) && b.len() >= span(k, n, rsb, csb));
+                // SAFETY: every index the kernel forms lies within the spans
+                // just checked; `c` is `[m, n]` row-major and exclusive.
+                unsafe {
+                    matrixmultiply::$f(
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        rsa,
+                        csa,
+                        b.as_ptr(),
+                        rsb,
+                        csb,
+                        0.0,
+                        c.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                }
+            }
+        }
+    };
+}
+gemm_impl!(f32, sgemm);
+gemm_impl!(f64, dgemm);
+
+/// `s` as a slice of `U` when `T` is `U`.
+fn same<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
+    // SAFETY: `T` and `U` are the same type.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
+}
+
+/// `s` as a mutable slice of `U` when `T` is `U`.
+fn same_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
+    // SAFETY: `T` and `U` are the same type.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
+}
 
 /// `out = op(a) @ op(b)` for every entry of the broadcast `batch`, where
 /// `op` swaps the last two dims of an operand whose flag is set. Each
@@ -31,143 +103,85 @@ pub(crate) fn bmm<T: Element>(
     (a, sa, ta): (&[T], &[usize], bool),
     (b, sb, tb): (&[T], &[usize], bool),
     batch: &[usize],
-    [m, k, n]: [usize; 3],
+    mkn: [usize; 3],
     out: &mut [T],
 ) {
-    let total = out.len();
-    if total == 0 {
-        return;
-    }
-    let a = operand(a, sa, ta);
-    let b = operand(b, sb, tb);
-    // Offsets (in matrices) of each batch entry's operands.
-    let (ra, rb) = (sa.len(), sb.len());
-    let mut oa = Vec::new();
-    for_each_offset(batch, &broadcast_strides(&sa[..ra - 2], batch), |_, o| {
-        oa.push(o * m * k)
-    });
-    let mut ob = Vec::new();
-    for_each_offset(batch, &broadcast_strides(&sb[..rb - 2], batch), |_, o| {
-        ob.push(o * k * n)
-    });
-    let run = |(i, o): (usize, &mut [T])| {
-        let am = &a[oa[i]..oa[i] + m * k];
-        let bm = &b[ob[i]..ob[i] + k * n];
-        gemm(am, bm, o, k, n, true);
-    };
-    let per = m * n;
-    if oa.len() > 1 && total.saturating_mul(k) >= PAR_MIN_MACS {
-        run_each(out.chunks_mut(per).enumerate().collect(), run);
-    } else {
-        out.chunks_mut(per).enumerate().for_each(run);
-    }
-}
-
-/// `x` as stored, or copied with its last two dims swapped when `t`.
-fn operand<'a, T: Element>(x: &'a [T], shape: &[usize], t: bool) -> Cow<'a, [T]> {
-    if t {
-        Cow::Owned(transpose_last2(x, shape))
-    } else {
-        Cow::Borrowed(x)
-    }
-}
-
-/// The elements of `s` (of `shape`, rank >= 2) with the last two dims
-/// swapped.
-fn transpose_last2<T: Element>(s: &[T], shape: &[usize]) -> Vec<T> {
-    let r = shape.len();
-    let (p, q) = (shape[r - 2], shape[r - 1]);
-    let mut out = vec![T::ZERO; s.len()];
-    // `p * q` may overflow for an empty tensor such as [0, 2^40, 2^40].
-    if !s.is_empty() {
-        for (src, dst) in s.chunks_exact(p * q).zip(out.chunks_exact_mut(p * q)) {
-            for (i, row) in src.chunks_exact(q).enumerate() {
-                for (j, &v) in row.iter().enumerate() {
-                    dst[j * p + i] = v;
-                }
-            }
-        }
-    }
-    out
-}
-
-/// `out = a @ b` for one `[m, k] @ [k, n]` pair of row-major slices
-/// (`out` is `[m, n]`). Rows are split into bands run in parallel when the
-/// product is large enough.
-fn gemm<T: Element>(a: &[T], b: &[T], out: &mut [T], k: usize, n: usize, parallel: bool) {
     if out.is_empty() {
         return;
     }
-    if k == 0 {
-        out.fill(T::ZERO);
-        return;
+    if let (Some(a), Some(b)) = (same::<T, f32>(a), same::<T, f32>(b)) {
+        if let Some(o) = same_mut::<T, f32>(out) {
+            return run((a, sa, ta), (b, sb, tb), batch, mkn, o);
+        }
     }
-    let m = out.len() / n;
-    let macs = m.saturating_mul(k).saturating_mul(n);
-    if !parallel || macs < PAR_MIN_MACS || m <= MR {
-        gemm_rows(a, b, out, k, n);
-        return;
+    if let (Some(a), Some(b)) = (same::<T, f64>(a), same::<T, f64>(b)) {
+        if let Some(o) = same_mut::<T, f64>(out) {
+            return run((a, sa, ta), (b, sb, tb), batch, mkn, o);
+        }
     }
-    // Whole register tiles per band, about TASK_MACS work each.
-    let band = (TASK_MACS / (k * n).max(1)).div_ceil(MR).max(1) * MR;
-    let bands = out.chunks_mut(band * n).zip(a.chunks(band * k));
-    run_each(bands.collect(), |(o, a)| gemm_rows(a, b, o, k, n));
+    // 16-bit types: the product in f32, rounded once per output.
+    let wide = |s: &[T]| -> Vec<f32> { s.iter().map(|v| v.to_acc().f64() as f32).collect() };
+    let (wa, wb) = (wide(a), wide(b));
+    let mut wo = vec![0f32; out.len()];
+    run((&wa, sa, ta), (&wb, sb, tb), batch, mkn, &mut wo);
+    for (o, &v) in out.iter_mut().zip(&wo) {
+        *o = T::from_acc(<T::Acc as Accum>::of(v as f64));
+    }
 }
 
-/// Serial kernel over a band of rows: `out[r, :] = sum_p a[r, p] * b[p, :]`.
-fn gemm_rows<T: Element>(a: &[T], b: &[T], out: &mut [T], k: usize, n: usize) {
-    let rows = out.len() / n;
-    let width = NC.min(n);
-    let mut acc = vec![T::Acc::zero(); MR * width];
-    for j0 in (0..n).step_by(NC) {
-        let nc = width.min(n - j0);
-        for i0 in (0..rows).step_by(MR) {
-            let mr = MR.min(rows - i0);
-            let tile = &mut acc[..MR * nc];
-            tile.fill(T::Acc::zero());
-            let a_tile = &a[i0 * k..(i0 + mr) * k];
-            if mr == MR {
-                let (c0, rest) = tile.split_at_mut(nc);
-                let (c1, rest) = rest.split_at_mut(nc);
-                let (c2, c3) = rest.split_at_mut(nc);
-                for p in 0..k {
-                    let a0 = a_tile[p].to_acc();
-                    let a1 = a_tile[k + p].to_acc();
-                    let a2 = a_tile[2 * k + p].to_acc();
-                    let a3 = a_tile[3 * k + p].to_acc();
-                    let brow = &b[p * n + j0..p * n + j0 + nc];
-                    for ((((x0, x1), x2), x3), &bv) in c0
-                        .iter_mut()
-                        .zip(c1.iter_mut())
-                        .zip(c2.iter_mut())
-                        .zip(c3.iter_mut())
-                        .zip(brow)
-                    {
-                        let bv = bv.to_acc();
-                        *x0 += a0 * bv;
-                        *x1 += a1 * bv;
-                        *x2 += a2 * bv;
-                        *x3 += a3 * bv;
-                    }
-                }
-            } else {
-                for (r, c) in tile.chunks_exact_mut(nc).take(mr).enumerate() {
-                    for p in 0..k {
-                        let av = a_tile[r * k + p].to_acc();
-                        let brow = &b[p * n + j0..p * n + j0 + nc];
-                        for (x, &bv) in c.iter_mut().zip(brow) {
-                            *x += av * bv.to_acc();
-                        }
-                    }
-                }
-            }
-            for (r, c) in tile.chunks_exact(nc).take(mr).enumerate() {
-                let o = &mut out[(i0 + r) * n + j0..(i0 + r) * n + j0 + nc];
-                for (y, &v) in o.iter_mut().zip(c) {
-                    *y = T::from_acc(v);
-                }
-            }
+/// [`bmm`] for a type with a kernel.
+fn run<G: Gemm>(
+    (a, sa, ta): (&[G], &[usize], bool),
+    (b, sb, tb): (&[G], &[usize], bool),
+    batch: &[usize],
+    [m, k, n]: [usize; 3],
+    out: &mut [G],
+) {
+    // Offsets (in elements) of each batch entry's operands.
+    let offsets = |s: &[usize], size: usize| {
+        let mut o = Vec::new();
+        for_each_offset(
+            batch,
+            &broadcast_strides(&s[..s.len() - 2], batch),
+            |_, x| o.push(x * size),
+        );
+        o
+    };
+    let (oa, ob) = (offsets(sa, m * k), offsets(sb, k * n));
+    // Row and column strides of the stored matrices as read after `op`.
+    let strides = |t: bool, rows: usize, cols: usize| -> [isize; 2] {
+        if t {
+            [1, rows as isize]
+        } else {
+            [cols as isize, 1]
         }
+    };
+    let (st_a, st_b) = (strides(ta, m, k), strides(tb, k, n));
+    let macs = out.len().saturating_mul(k);
+    let threads = rayon::current_num_threads().max(1);
+    // Rows per band: enough bands for every thread, none under
+    // MIN_BAND_ROWS; one band per entry when the work is small.
+    let per_entry = (oa.len() * m).div_ceil(2 * threads).max(MIN_BAND_ROWS);
+    let band = if macs < PAR_MIN_MACS {
+        m
+    } else {
+        per_entry.min(m)
+    };
+    let mut jobs = Vec::new();
+    for (i, entry) in out.chunks_mut(m * n).enumerate() {
+        for (r, o) in entry.chunks_mut(band * n).enumerate() {
+            jobs.push((i, r * band, o));
+        }
+    }
+    let job = |(i, r0, o): (usize, usize, &mut [G])| {
+        let rows = o.len() / n;
+        let a0 = oa[i] + r0 * st_a[0] as usize;
+        G::gemm([rows, k, n], &a[a0..], st_a, &b[ob[i]..], st_b, o);
+    };
+    if jobs.len() > 1 && macs >= PAR_MIN_MACS {
+        run_each(jobs, job);
+    } else {
+        jobs.into_iter().for_each(job);
     }
 }
 
@@ -186,26 +200,75 @@ mod tests {
     }
 
     #[test]
-    fn tiled_parallel_kernel_matches_naive() {
-        // Sizes with remainders in every blocking (rows % 4, cols % NC) and
-        // large enough to take the parallel path.
-        let (m, k, n) = (67, 45, 301);
+    fn banded_transposed_products_match_naive_exactly() {
+        // Small integers: exact in any summation order. Large enough for
+        // several bands; odd sizes leave partial tiles everywhere.
+        let (m, k, n) = (203, 45, 301);
         let a: Vec<f64> = (0..m * k).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
         let b: Vec<f64> = (0..k * n).map(|i| ((i * 5 % 11) as f64) - 5.0).collect();
+        let want = naive(&a, &b, m, k, n);
         let mut out = vec![0.0; m * n];
-        gemm(&a, &b, &mut out, k, n, true);
-        // Small integers: exact in any summation order.
-        assert_eq!(out, naive(&a, &b, m, k, n));
+        bmm(
+            (&a, &[m, k], false),
+            (&b, &[k, n], false),
+            &[],
+            [m, k, n],
+            &mut out,
+        );
+        assert_eq!(out, want);
+        // The same product from stored transposes: a^T is [k, m], b^T [n, k].
+        let at = super::super::tiled::transpose_last2(&a, &[m, k]);
+        let bt = super::super::tiled::transpose_last2(&b, &[k, n]);
+        let mut out_t = vec![0.0; m * n];
+        bmm(
+            (&at, &[k, m], true),
+            (&bt, &[n, k], true),
+            &[],
+            [m, k, n],
+            &mut out_t,
+        );
+        assert_eq!(out_t, want);
+        // f32 and the tiled reference agree (integers again).
+        let (a32, b32): (Vec<f32>, Vec<f32>) = (
+            a.iter().map(|&v| v as f32).collect(),
+            b.iter().map(|&v| v as f32).collect(),
+        );
+        let mut o32 = vec![0f32; m * n];
+        bmm(
+            (&a32, &[m, k], false),
+            (&b32, &[k, n], false),
+            &[],
+            [m, k, n],
+            &mut o32,
+        );
+        let mut r32 = vec![0f32; m * n];
+        super::super::tiled::gemm(&a32, &b32, &mut r32, k, n, true);
+        assert_eq!(o32, r32);
     }
 
     #[test]
-    fn transpose_swaps_last_two() {
-        let t: Vec<f64> = (0..12).map(|v| v as f64).collect();
-        let shape = [2, 2, 3];
-        assert_eq!(super::super::swap_last2(&shape), [2, 3, 2]);
-        assert_eq!(
-            transpose_last2(&t, &shape),
-            [0., 3., 1., 4., 2., 5., 6., 9., 7., 10., 8., 11.]
+    fn half_types_widen_and_batches_broadcast() {
+        use half::bf16;
+        // [2, 3, 4] @ [4, 2] with a shared right operand.
+        let a: Vec<bf16> = (0..24).map(|i| bf16::from_f32(i as f32 - 10.0)).collect();
+        let b: Vec<bf16> = (0..8).map(|i| bf16::from_f32(i as f32 * 0.5)).collect();
+        let mut out = vec![bf16::ZERO; 12];
+        bmm(
+            (&a, &[2, 3, 4], false),
+            (&b, &[4, 2], false),
+            &[2],
+            [3, 4, 2],
+            &mut out,
         );
+        for e in 0..2 {
+            for i in 0..3 {
+                for j in 0..2 {
+                    let want: f32 = (0..4)
+                        .map(|p| a[e * 12 + i * 4 + p].to_f32() * b[p * 2 + j].to_f32())
+                        .sum();
+                    assert_eq!(out[e * 6 + i * 2 + j], bf16::from_f32(want));
+                }
+            }
+        }
     }
 }

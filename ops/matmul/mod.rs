@@ -17,6 +17,8 @@
 //! of its operands' last two dims.
 
 mod cpu;
+#[cfg(any(test, feature = "probes"))]
+pub(crate) mod tiled;
 
 use super::elementwise::check_devices;
 use crate::dtype::Element;
@@ -27,6 +29,24 @@ use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 
 const OP: &str = "matmul";
+
+/// The tiled reference on one `[m, k] @ [k, n]` f32 product (probes).
+#[cfg(feature = "probes")]
+pub(crate) fn tiled_probe(a: &[f32], b: &[f32], out: &mut [f32], k: usize, n: usize) {
+    tiled::gemm(a, b, out, k, n, true)
+}
+
+/// The CPU kernel on one `[m, k] @ [k, n]` f32 product (probes).
+#[cfg(feature = "probes")]
+pub(crate) fn kernel(a: &[f32], b: &[f32], out: &mut [f32], [m, k, n]: [usize; 3]) {
+    cpu::bmm(
+        (a, &[m, k], false),
+        (b, &[k, n], false),
+        &[],
+        [m, k, n],
+        out,
+    )
+}
 
 /// Validated shapes of a batched product.
 struct Dims {
