@@ -4,8 +4,11 @@
 //! tensor's storage; `cpu.rs` holds the host loops. The `*_composed` files
 //! build an op from other ops and touch no data.
 
+mod dropout;
 pub(crate) mod elementwise;
+mod embedding;
 mod loss;
+mod masked_fill;
 mod matmul;
 #[cfg(feature = "probes")]
 pub(crate) use matmul::{kernel as matmul_kernel, tiled_probe as matmul_tiled};
@@ -19,10 +22,13 @@ pub(crate) mod norm;
 pub mod rms_norm;
 mod rms_norm_composed;
 
+pub use dropout::*;
 pub use elementwise::*;
+pub use embedding::*;
 pub use layer_norm::*;
 pub use layer_norm_composed::*;
 pub use loss::*;
+pub use masked_fill::*;
 pub use matmul::*;
 pub use reduce::*;
 pub use rms_norm::*;

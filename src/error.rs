@@ -82,6 +82,30 @@ pub enum Error {
     /// A shape whose element count (or byte count) overflows `usize`.
     #[error("{op}: shape {shape:?} has too many elements")]
     ShapeTooLarge { op: &'static str, shape: Vec<usize> },
+    /// An index (an embedding id) is not below the size it indexes.
+    #[error("{op}: index {index} at position {position} is out of range for size {bound}")]
+    IndexOutOfRange {
+        op: &'static str,
+        index: usize,
+        position: usize,
+        bound: usize,
+    },
+    /// A slice `start..start + len` runs past the end of its axis.
+    #[error(
+        "{op}: slice {start}..{start}+{len} along axis {axis} exceeds its size {size} \
+         (shape {shape:?})"
+    )]
+    SliceOutOfRange {
+        op: &'static str,
+        axis: usize,
+        start: usize,
+        len: usize,
+        size: usize,
+        shape: Vec<usize>,
+    },
+    /// A probability outside its allowed range (dropout's `p` in `[0, 1)`).
+    #[error("{op}: probability must be in [0, 1), got {p}")]
+    BadProbability { op: &'static str, p: f64 },
     /// Any other invalid argument, described in words.
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },

@@ -103,6 +103,11 @@ pub fn primitive_gradchecks() -> Result<Vec<Report>> {
             vec![t(g, &[6], -3., 3.)?],
         ),
         (
+            "gelu_tanh",
+            Box::new(|v| ops::gelu_tanh(&v[0])),
+            vec![t(g, &[6], -3., 3.)?],
+        ),
+        (
             "reshape",
             Box::new(|v| ops::reshape(&v[0], &[4, 3])),
             vec![t(g, &[2, 6], -2., 2.)?],

@@ -59,6 +59,21 @@ fn entries() -> Vec<Entry> {
         entry("sigmoid", &[m], |x| ops::sigmoid(&x[0])),
         entry("relu", &[m], |x| ops::relu(&x[0])),
         entry("gelu", &[m], |x| ops::gelu(&x[0])),
+        entry("gelu_tanh", &[m], |x| ops::gelu_tanh(&x[0])),
+        // Index, mask and generator arguments are fixed inside the closure.
+        entry("embedding", &[&[4, 3]], |x| {
+            ops::embedding(&x[0], &[2, 0, 2, 3], &[2, 2])
+        }),
+        entry("narrow", &[&[2, 5]], |x| ops::narrow(&x[0], -1, 1, 3)),
+        entry("concat", &[&[2, 3], &[2, 2]], |x| {
+            ops::concat(&[&x[0], &x[1]], 1)
+        }),
+        entry("masked_fill", &[&[2, 3, 3]], |x| {
+            ops::masked_fill(&x[0], &ops::causal_mask(3)?, -2.0)
+        }),
+        entry("dropout", &[m], |x| {
+            ops::dropout(&x[0], 0.3, &mut Rng::new(5), true)
+        }),
         entry("sum", &[m], |x| ops::sum(&x[0])),
         entry("mean", &[m], |x| ops::mean(&x[0])),
         entry("sum_axes", &[&[2, 3, 2]], |x| {

@@ -7,11 +7,13 @@
 
 use fusegrad::gradcheck::{self, Options};
 use fusegrad::rng::Rng;
+use fusegrad::special::{erf, normal_cdf, normal_pdf};
 use fusegrad::tolerance::{Tolerance, F32_VS_F64_TERMS, F64_VS_FD};
 use fusegrad::{ops, Element, Error, Result, Tape, Tensor, Var};
 use ndarray::{arr1, arr2, ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
+use std::f64::consts::FRAC_1_SQRT_2;
 
 // ---------------------------------------------------------------------------
 // Harness
@@ -22,8 +24,8 @@ use proptest::test_runner::TestCaseError;
 /// scale `s` ([`step`]), so `h / |x|` is at most 1e-4 at every scale (inputs have
 /// `|x| >= s / 10`). The truncation error, `h^2 |f'''| / 6`, then stays
 /// below 1e-7 of `|f'|` for every op here (powi(x, -3) is the worst), well
-/// inside `F64_VS_FD.rtol`, except in gelu's negative tail (see
-/// [`gelu_step`]).
+/// inside `F64_VS_FD.rtol`, except in the gelus' negative tails (see
+/// [`gelu_step`] and [`gelu_erf_step`]).
 const FD_STEP: f64 = 1e-5;
 
 /// The finite-difference step for a case of scale `s`.
@@ -31,12 +33,19 @@ fn step(s: f64) -> f64 {
     FD_STEP * s.min(1.0)
 }
 
-/// gelu's negative tail is `~ x e^(2u)`, whose log-slope `lambda ~ 0.21
+/// gelu_tanh's negative tail is `~ x e^(2u)`, whose log-slope `lambda ~ 0.21
 /// x^2` makes the relative truncation error `(h lambda)^2 / 6`; for
 /// `|x| <= 10` that is < 1e-6 with [`step`], and the step shrinks as `s^-3`
 /// up to `|x| = 25`, past which the tail underflows to exactly 0.
 fn gelu_step(s: f64) -> f64 {
     step(s) * (10.0 / s.clamp(10.0, 25.0)).powi(3)
+}
+
+/// The exact gelu's negative tail is `~ -phi(x)`, log-slope `~ |x|`, so the
+/// relative truncation error is `(h x)^2 / 6` with `h ~ step |x|`; the step
+/// shrinks as `s^-2` up to `|x| = 40`, past which the tail is exactly 0.
+fn gelu_erf_step(s: f64) -> f64 {
+    step(s) * (10.0 / s.clamp(10.0, 40.0)).powi(2)
 }
 
 /// One random test input: raw values `±[0.1, 1]` (never near 0), a scale
@@ -631,7 +640,7 @@ proptest! {
     }
 
     #[test]
-    fn prop_gelu(inp in input()) {
+    fn prop_gelu_tanh(inp in input()) {
         // y = x sigma(2u) has no cancelling step (Rel). dx/g = s + 2x s (1-s)
         // k (1 + 3a x^2) with s = sigma(2u) cancels where its two parts
         // have opposite signs (x < 0); they are accurate to a few ulps each.
@@ -641,9 +650,21 @@ proptest! {
             let tail = 2.0 * x.abs() * s * s_neg * GELU_K * (1.0 + 3.0 * GELU_A * x * x);
             (y.abs(), g.abs() * (s + tail))
         };
-        run_with_step("gelu", &inp, signed, pair!(|v| ops::gelu(v)), Mag::Pointwise(&m), gelu_step)?;
+        run_with_step("gelu_tanh", &inp, signed, pair!(|v| ops::gelu_tanh(v)), Mag::Pointwise(&m), gelu_step)?;
         // The textbook tanh form cancels for x < 0 (its error is ~|x| ulps).
-        check_pointwise("gelu", &inp, signed, ops::gelu, |x| 0.5 * x * (1.0 + (GELU_K * (x + GELU_A * x * x * x)).tanh()), f64::abs)?;
+        check_pointwise("gelu_tanh", &inp, signed, ops::gelu_tanh, |x| 0.5 * x * (1.0 + (GELU_K * (x + GELU_A * x * x * x)).tanh()), f64::abs)?;
+    }
+
+    #[test]
+    fn prop_gelu(inp in input()) {
+        // y = x Phi(x) has no cancelling step (Rel). dx/g = Phi + x phi
+        // cancels where its two parts have opposite signs (x < 0).
+        let m = |x: f64, y: f64, g: f64| {
+            (y.abs(), g.abs() * (normal_cdf(x) + x.abs() * normal_pdf(x)))
+        };
+        run_with_step("gelu", &inp, signed, pair!(|v| ops::gelu(v)), Mag::Pointwise(&m), gelu_erf_step)?;
+        // PyTorch's formula cancels in 1 + erf for x < 0 (error ~|x| ulps).
+        check_pointwise("gelu", &inp, signed, ops::gelu, |x| 0.5 * x * (1.0 + erf(x * FRAC_1_SQRT_2)), f64::abs)?;
     }
 
     #[test]
@@ -788,9 +809,18 @@ fn activation_values_and_grads() {
             Box::new(|v: f64| (v.max(0.0), if v > 0.0 { 1.0 } else { 0.0 })),
         ),
         (
-            ops::gelu(&x).unwrap(),
+            ops::gelu_tanh(&x).unwrap(),
             // Derivative by a wide central difference of the textbook form.
             Box::new(move |v: f64| (gelu(v), (gelu(v + 1e-5) - gelu(v - 1e-5)) / 2e-5)),
+        ),
+        (
+            ops::gelu(&x).unwrap(),
+            // PyTorch's formula; slope Phi(x) + x phi(x).
+            Box::new(|v: f64| {
+                let phi = (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt();
+                let cdf = 0.5 * (1.0 + erf(v * FRAC_1_SQRT_2));
+                (v * cdf, cdf + v * phi)
+            }),
         ),
     ];
     for (y, f) in cases {
@@ -829,6 +859,7 @@ fn saved_state_is_what_backward_needs() {
         ("log keeps x", ops::log(&x).unwrap(), 0),
         ("powi keeps x", ops::powi(&x, 3).unwrap(), 0),
         ("gelu keeps x", ops::gelu(&x).unwrap(), 0),
+        ("gelu_tanh keeps x", ops::gelu_tanh(&x).unwrap(), 0),
         ("relu keeps 1 bit each", ops::relu(&x).unwrap(), 4),
         ("neg", ops::neg(&x).unwrap(), 0),
         ("scalar_add", ops::scalar_add(&x, 1.0).unwrap(), 0),
@@ -871,6 +902,7 @@ fn nan_propagates_and_saturation_stays_finite() {
         ops::exp(&x).unwrap(),
         ops::sigmoid(&x).unwrap(),
         ops::gelu(&x).unwrap(),
+        ops::gelu_tanh(&x).unwrap(),
         ops::tanh(&x).unwrap(),
     ] {
         assert!(y.value().as_slice().unwrap()[0].is_nan(), "{y:?}");
@@ -882,6 +914,10 @@ fn nan_propagates_and_saturation_stays_finite() {
     let seed = Tensor::from_array(arr1(&[0.5f64, -1.5, 2.0, -0.25, 3.0, -4.0]));
     for (y, want_g) in [
         (ops::gelu(&x).unwrap(), [0.0, 0.0, 0.0, -0.25, 3.0, -4.0]),
+        (
+            ops::gelu_tanh(&x).unwrap(),
+            [0.0, 0.0, 0.0, -0.25, 3.0, -4.0],
+        ),
         (ops::sigmoid(&x).unwrap(), [0.0; 6]),
         (ops::tanh(&x).unwrap(), [0.0; 6]),
     ] {
@@ -895,13 +931,10 @@ fn nan_propagates_and_saturation_stays_finite() {
     let tf = Tape::new();
     let xf = tf.var(arr1(&[-1e30f32, 1e30]));
     let seed = Tensor::from_array(arr1(&[0.5f32, -2.0]));
-    let g = ops::gelu(&xf)
-        .unwrap()
-        .backward_with(&seed)
-        .unwrap()
-        .wrt(&xf)
-        .unwrap();
-    assert_eq!(g.as_slice().unwrap(), &[0.0, -2.0]);
+    for y in [ops::gelu(&xf).unwrap(), ops::gelu_tanh(&xf).unwrap()] {
+        let g = y.backward_with(&seed).unwrap().wrt(&xf).unwrap();
+        assert_eq!(g.as_slice().unwrap(), &[0.0, -2.0], "{y:?}");
+    }
 }
 
 #[test]

@@ -1,4 +1,6 @@
-//! Activations: tanh, sigmoid, relu, gelu (tanh approximation).
+//! Activations: tanh, sigmoid, relu, gelu (exact, erf form) and gelu_tanh
+//! (tanh approximation), named as PyTorch's `gelu` and
+//! `gelu(approximate='tanh')`.
 //!
 //! tanh and sigmoid keep their output (their derivatives are functions of
 //! it); relu keeps one bit per element (where the input was positive); gelu
@@ -82,19 +84,40 @@ impl<T: Element> Op<T> for Relu {
 /// sigma(-2u)` computed directly, so `dx = g dy/dx`. Where `s (1 - s)` is
 /// exactly 0 (saturation) the second term is taken as 0, so huge `|x|`
 /// (where `x^2` overflows) gives a finite gradient, not NaN.
-struct Gelu;
+///
+/// Exact form (`tanh: false`): `y = x Phi(x)`, `Phi(x) = (1 + erf(x /
+/// sqrt 2))/2 = erfc(-x / sqrt 2)/2` (the erfc form keeps the left tail's
+/// relative accuracy), and `dy/dx = Phi(x) + x phi(x)` with `phi(x) =
+/// e^(-x^2/2) / sqrt(2 pi)`; the second term is 0 where `phi` underflows.
+struct Gelu {
+    tanh: bool,
+}
 
 impl<T: Element> Op<T> for Gelu {
-    /// The input `x` (`s` is recomputed in backward).
+    /// The input `x` (`s`, or `Phi` and `phi`, are recomputed in backward).
     type State = Tensor<T>;
     fn name(&self) -> &'static str {
-        "gelu"
+        if self.tanh {
+            "gelu_tanh"
+        } else {
+            "gelu"
+        }
     }
     fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        Ok((unary(Unary::GeluTanh, x[0])?, x[0].clone()))
+        let k = if self.tanh {
+            Unary::GeluTanh
+        } else {
+            Unary::GeluErf
+        };
+        Ok((unary(k, x[0])?, x[0].clone()))
     }
     fn backward(&self, x: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        Ok(vec![Some(binary("gelu", Binary::GeluTanhGrad, g, x)?)])
+        let (name, k) = if self.tanh {
+            ("gelu_tanh", Binary::GeluTanhGrad)
+        } else {
+            ("gelu", Binary::GeluErfGrad)
+        };
+        Ok(vec![Some(binary(name, k, g, x)?)])
     }
 }
 
@@ -113,7 +136,15 @@ pub fn relu<T: Element>(x: &Var<T>) -> Result<Var<T>> {
     Tape::apply(Relu, &[x])
 }
 
-/// GELU, tanh approximation: `x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+/// GELU, exact: `x/2 (1 + erf(x / sqrt 2))` (PyTorch's default
+/// `gelu`), accurate to a few ulps in f64 including the negative tail;
+/// f32 and the 16-bit types compute it in f64 and round once.
 pub fn gelu<T: Element>(x: &Var<T>) -> Result<Var<T>> {
-    Tape::apply(Gelu, &[x])
+    Tape::apply(Gelu { tanh: false }, &[x])
+}
+
+/// GELU, tanh approximation: `x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
+/// (PyTorch's `gelu(approximate='tanh')`).
+pub fn gelu_tanh<T: Element>(x: &Var<T>) -> Result<Var<T>> {
+    Tape::apply(Gelu { tanh: true }, &[x])
 }

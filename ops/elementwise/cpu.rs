@@ -8,6 +8,7 @@ use super::{Binary, Unary};
 use crate::device::cpu::{dispatch, fence, run_each, should_stream, write_row, Kernel, Lanes};
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
+use crate::special::{normal_cdf, normal_pdf};
 use crate::tensor::Dims;
 use num_traits::{Float, Zero};
 
@@ -215,6 +216,7 @@ fn unary_into<T: Element>(k: Unary, x: &[T], lay: &Layout<1>, dst: &mut [T]) {
         Unary::Tanh => go!(|v: Acc<T>| v.tanh()),
         Unary::Sigmoid => go!(sigmoid::<Acc<T>>),
         Unary::GeluTanh => go!(gelu_tanh::<Acc<T>>),
+        Unary::GeluErf => go!(|v: Acc<T>| a(gelu_erf(v.f64()))),
     }
 }
 
@@ -279,6 +281,7 @@ pub(crate) fn binary<T: Element>(
         Binary::TanhGrad => go!(move |g, y| g * (one - y * y)),
         Binary::SigmoidGrad => go!(move |g, y| g * y * (one - y)),
         Binary::GeluTanhGrad => go!(|g, x| g * gelu_tanh_slope(x)),
+        Binary::GeluErfGrad => go!(move |g, x: Acc<T>| g * c(gelu_erf_slope(x.f64()))),
     }
 }
 
@@ -471,6 +474,25 @@ fn gelu_tanh_slope<A: Accum>(x: A) -> A {
     }
     let (one, three) = (A::one(), A::of(3.0));
     s + A::of(2.0) * x * ss * A::of(GELU_K) * (one + three * A::of(GELU_A) * x * x)
+}
+
+/// `x Phi(x)`, in f64 whatever the element type (the f32 result is the
+/// exact one rounded once).
+#[inline]
+fn gelu_erf(x: f64) -> f64 {
+    x * normal_cdf(x)
+}
+
+/// `Phi(x) + x phi(x)`, with the second term 0 where `phi` underflows to
+/// exactly 0 (so `|x|` past ~38, infinities included, gives 0 or 1, not
+/// NaN). Both terms are accurate relative to themselves in the left tail.
+#[inline]
+fn gelu_erf_slope(x: f64) -> f64 {
+    let p = normal_pdf(x);
+    if p == 0.0 {
+        return normal_cdf(x);
+    }
+    normal_cdf(x) + x * p
 }
 
 /// Relu's forward and its gradient mask: one bit per element, bit `i % 8`

@@ -50,6 +50,8 @@ pub(crate) enum Unary {
     Sigmoid,
     /// `x sigma(2 k (x + a x^3))`: GELU, tanh approximation.
     GeluTanh,
+    /// `x Phi(x) = x/2 (1 + erf(x / sqrt 2))`: GELU, exact.
+    GeluErf,
 }
 
 /// A function of two values. For the chain-rule kinds the first is the
@@ -78,6 +80,8 @@ pub(crate) enum Binary {
     SigmoidGrad,
     /// `g` times the slope of the tanh-approximation GELU at `x`.
     GeluTanhGrad,
+    /// `g (Phi(x) + x phi(x))`: the slope of the exact GELU at `x`.
+    GeluErfGrad,
 }
 
 /// `k` applied to every element of `x`.

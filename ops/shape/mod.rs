@@ -1,5 +1,6 @@
-//! Shape ops: reshape, transpose, permute, broadcast_to. None saves a tensor;
-//! each op holds the shapes or axis order its backward needs.
+//! Shape ops: reshape, transpose, permute, broadcast_to, and (in
+//! `slice.rs`) narrow and concat. None saves a tensor; each op holds the
+//! shapes or axis order its backward needs.
 //!
 //! ```text
 //! reshape       y = x (new shape)          dx = g (old shape)
@@ -13,6 +14,9 @@
 //! shape, its adjoint the tape's sum back to the input shape.
 
 mod cpu;
+mod slice;
+
+pub use slice::*;
 
 use super::elementwise::{unary_to, Unary};
 use crate::dtype::Element;

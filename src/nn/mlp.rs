@@ -16,9 +16,11 @@ pub enum Activation {
     Identity,
     /// `max(x, 0)`.
     Relu,
-    /// GELU ([`ops::gelu`]).
+    /// GELU, exact erf form ([`ops::gelu`], PyTorch's default).
     #[default]
     Gelu,
+    /// GELU, tanh approximation ([`ops::gelu_tanh`]).
+    GeluTanh,
     /// `tanh(x)`.
     Tanh,
     /// `1 / (1 + exp(-x))`.
@@ -32,6 +34,7 @@ impl Activation {
             Activation::Identity => Ok(x.clone()),
             Activation::Relu => ops::relu(x),
             Activation::Gelu => ops::gelu(x),
+            Activation::GeluTanh => ops::gelu_tanh(x),
             Activation::Tanh => ops::tanh(x),
             Activation::Sigmoid => ops::sigmoid(x),
         }
