@@ -4,8 +4,8 @@
 use fusegrad::gradcheck::{check, Options};
 use fusegrad::nn::demo::{compare_spirals_with, train_regression, RegressionConfig, SpiralConfig};
 use fusegrad::nn::{
-    Activation, Adam, AdamConfig, Bound, Init, LayerNorm, Linear, Mlp, MlpConfig, Module, Norm,
-    NormImpl, Optimizer, RmsNorm, Sgd, SgdConfig,
+    Activation, Adam, AdamConfig, AdamW, Bound, Init, LayerNorm, Linear, Mlp, MlpConfig, Module,
+    Norm, NormImpl, Optimizer, RmsNorm, Sgd, SgdConfig,
 };
 use fusegrad::rng::Rng;
 use fusegrad::tolerance::{
@@ -357,6 +357,50 @@ fn adam_steps_by_hand() {
 
 /// `step` on a model is `update` with the gradients of the bound params,
 /// and one SGD step on a least-squares problem lowers the loss.
+/// AdamW as PyTorch's: the decay scales the weights before the Adam
+/// update and never enters the moments.
+#[test]
+fn adamw_steps_by_hand_and_differs_from_adam_l2() {
+    let (lr, b1, b2, eps, wd) = (0.1, 0.9, 0.999, 1e-8, 0.05);
+    let cfg = AdamConfig {
+        lr,
+        beta1: b1,
+        beta2: b2,
+        eps,
+        weight_decay: wd,
+    };
+    let mut opt = AdamW::new(cfg).unwrap();
+    let mut p = t64(&[2], &[1.0, -2.0]);
+    let grads = [[0.2, -0.4], [-0.1, 0.3]];
+    let (mut w, mut m, mut v) = ([1.0f64, -2.0], [0.0f64; 2], [0.0f64; 2]);
+    for (t, g) in grads.iter().enumerate() {
+        opt.update(&mut [&mut p], &[t64(&[2], g)]).unwrap();
+        let t = t as i32 + 1;
+        for i in 0..2 {
+            w[i] -= lr * wd * w[i];
+            m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+            let (mh, vh) = (m[i] / (1.0 - b1.powi(t)), v[i] / (1.0 - b2.powi(t)));
+            w[i] -= lr * mh / (vh.sqrt() + eps);
+        }
+        for (got, want) in vals(&p).iter().zip(&w) {
+            assert!((got - want).abs() <= 1e-14, "step {t}: {got} vs {want}");
+        }
+    }
+    assert_eq!(opt.steps(), 2);
+    // Adam's L2 form at the same settings lands elsewhere.
+    let mut adam = Adam::new(cfg).unwrap();
+    let mut q = t64(&[2], &[1.0, -2.0]);
+    for g in &grads {
+        adam.update(&mut [&mut q], &[t64(&[2], g)]).unwrap();
+    }
+    assert!((vals(&q)[0] - w[0]).abs() > 1e-4);
+    assert_eq!(
+        AdamW::<f32>::with_lr(1e-3).unwrap().config().weight_decay,
+        0.01
+    );
+}
+
 #[test]
 fn step_updates_the_model() {
     let mut rng = Rng::new(4);

@@ -55,6 +55,8 @@
 //! Layout: [`Linear`] stores its weight as `[in, out]` so that the forward
 //! pass is `x @ W + b` without a transpose (PyTorch stores `[out, in]`).
 
+pub mod char_lm;
+mod clip;
 pub mod demo;
 mod init;
 mod layer_norm;
@@ -62,13 +64,18 @@ mod linear;
 mod mlp;
 mod optim;
 mod rms_norm;
+mod schedule;
+mod transformer;
 
+pub use clip::clip_grad_norm;
 pub use init::Init;
 pub use layer_norm::{LayerNorm, NormImpl};
 pub use linear::Linear;
 pub use mlp::{Activation, Mlp, MlpConfig, Norm};
-pub use optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+pub use optim::{Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 pub use rms_norm::RmsNorm;
+pub use schedule::WarmupCosine;
+pub use transformer::{Embedding, Gpt, GptConfig, MultiHeadAttention, TransformerBlock};
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};

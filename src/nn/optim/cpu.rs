@@ -46,6 +46,7 @@ pub(super) fn update<T: Element>(
             });
         }
         Rule::Adam {
+            decoupled,
             lr,
             b1,
             b2,
@@ -59,7 +60,11 @@ pub(super) fn update<T: Element>(
             let (lr, eps, wd) = (acc(lr), acc(eps), acc(wd));
             chunks(&mut out, &mut state, |i| {
                 let (w, gi) = (p[i].to_acc(), g[i].to_acc());
-                let gi = gi + wd * w;
+                let (w, gi) = if decoupled {
+                    (w - lr * wd * w, gi)
+                } else {
+                    (w, gi + wd * w)
+                };
                 let m = b1 * old(0, i) + one_b1 * gi;
                 let v = b2 * old(1, i) + one_b2 * gi * gi;
                 (w - lr * (m / c1) / ((v / c2).sqrt() + eps), [m, v])

@@ -97,7 +97,10 @@ pub(crate) enum Rule {
     /// `g' = g + wd w`; `m = b1 m + (1 - b1) g'`; `v = b2 v + (1 - b2) g'^2`
     /// (state read as 0 when there is none yet);
     /// `w - lr (m / c1) / (sqrt(v / c2) + eps)`. State: `[m, v]`.
+    /// `decoupled` (AdamW): `g' = g` and `w` is first scaled by
+    /// `1 - lr wd`.
     Adam {
+        decoupled: bool,
         lr: f64,
         b1: f64,
         b2: f64,
@@ -299,6 +302,8 @@ impl Default for AdamConfig {
 #[derive(Debug, Clone)]
 pub struct Adam<T: Element> {
     config: AdamConfig,
+    /// AdamW's decay: applied to the weights, not added to the gradient.
+    decoupled: bool,
     t: u64,
     /// Per parameter, `[m, v]` (empty before the first step).
     moments: Vec<Vec<Tensor<T::Acc>>>,
@@ -323,6 +328,7 @@ impl<T: Element> Adam<T> {
         }
         Ok(Adam {
             config,
+            decoupled: false,
             t: 0,
             moments: Vec::new(),
         })
@@ -356,7 +362,12 @@ impl<T: Element> Adam<T> {
 
 impl<T: Element> Optimizer<T> for Adam<T> {
     fn update(&mut self, params: &mut [&mut Tensor<T>], grads: &[Tensor<T>]) -> Result<()> {
-        check("Adam::step", params, grads, &self.moments)?;
+        let op = if self.decoupled {
+            "AdamW::step"
+        } else {
+            "Adam::step"
+        };
+        check(op, params, grads, &self.moments)?;
         if self.moments.is_empty() {
             self.moments = vec![Vec::new(); params.len()];
         }
@@ -364,6 +375,7 @@ impl<T: Element> Optimizer<T> for Adam<T> {
         let c = &self.config;
         let t = i32::try_from(self.t).unwrap_or(i32::MAX);
         let rule = Rule::Adam {
+            decoupled: self.decoupled,
             lr: c.lr,
             b1: c.beta1,
             b2: c.beta2,
@@ -381,5 +393,58 @@ impl<T: Element> Optimizer<T> for Adam<T> {
     fn reset(&mut self) {
         self.t = 0;
         self.moments.clear();
+    }
+}
+
+/// AdamW (Loshchilov and Hutter), as PyTorch's `AdamW`: Adam whose weight
+/// decay is applied to the weights, not added to the gradient. At step `t`:
+///
+/// `p = p (1 - lr wd)`, then Adam's update with `g' = g`. The decay thus
+/// does not pass through the moments, and a parameter with a large
+/// gradient variance is decayed as much as any other.
+#[derive(Debug, Clone)]
+pub struct AdamW<T: Element>(Adam<T>);
+
+impl<T: Element> AdamW<T> {
+    /// An optimizer with `config`; errors as [`Adam::new`].
+    pub fn new(config: AdamConfig) -> Result<Self> {
+        let mut a = Adam::new(config)?;
+        a.decoupled = true;
+        Ok(AdamW(a))
+    }
+
+    /// PyTorch's defaults (betas `(0.9, 0.999)`, `eps = 1e-8`,
+    /// `weight_decay = 0.01`) with learning rate `lr`.
+    pub fn with_lr(lr: f64) -> Result<Self> {
+        Self::new(AdamConfig {
+            lr,
+            weight_decay: 0.01,
+            ..AdamConfig::default()
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AdamConfig {
+        self.0.config()
+    }
+
+    /// Steps taken since creation or [`Optimizer::reset`].
+    pub fn steps(&self) -> u64 {
+        self.0.steps()
+    }
+
+    /// Changes the learning rate (for schedules). Errors like [`Adam::new`].
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.0.set_lr(lr)
+    }
+}
+
+impl<T: Element> Optimizer<T> for AdamW<T> {
+    fn update(&mut self, params: &mut [&mut Tensor<T>], grads: &[Tensor<T>]) -> Result<()> {
+        self.0.update(params, grads)
+    }
+
+    fn reset(&mut self) {
+        self.0.reset()
     }
 }
