@@ -97,7 +97,7 @@ pub struct MultiHeadAttention<T: Element> {
 impl<T: Element> MultiHeadAttention<T> {
     /// Attention of `width` split into `heads`; `width % heads` must be 0.
     pub fn new(width: usize, heads: usize, rng: &mut Rng) -> Result<Self> {
-        if heads == 0 || width % heads != 0 {
+        if heads == 0 || !width.is_multiple_of(heads) {
             return Err(Error::InvalidArgument {
                 op: "MultiHeadAttention",
                 msg: format!("width {width} must split into {heads} equal heads"),
