@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example tiny_transformer -- [--text FILE] [--steps N]
 //!     [--minutes M] [--composed] [--device cpu|cuda] [--seed S]
+//!     [--save FILE] [--load FILE]
 //! ```
 //!
 //! Without `--text` it reads this crate's own sources and docs. It prints
@@ -12,15 +13,15 @@
 //! `--composed` trains the same model from the same seed twice, with the
 //! fused and with the composed LayerNorm, and prints both loss curves.
 
-use fusegrad::nn::char_lm::{sample, train_char_lm, CharData, CharLmConfig};
-use fusegrad::nn::NormImpl;
+use fusegrad::nn::char_lm::{new_model, sample, train_model, CharData, CharLmConfig};
+use fusegrad::nn::{load, save, NormImpl};
 use fusegrad::{rng::Rng, Device};
 use std::path::Path;
 use std::time::Duration;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: tiny_transformer [--text FILE] [--steps N] [--minutes M] [--composed] [--device cpu|cuda] [--seed S]"
+        "usage: tiny_transformer [--text FILE] [--steps N] [--minutes M] [--composed] [--device cpu|cuda] [--seed S] [--save FILE] [--load FILE]"
     );
     std::process::exit(2)
 }
@@ -58,6 +59,7 @@ fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()>
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = CharLmConfig::default();
     let (mut text_file, mut composed) = (None, false);
+    let (mut save_to, mut load_from) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -70,6 +72,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             "--seed" => config.seed = val().parse().unwrap_or_else(|_| usage()),
             "--composed" => composed = true,
+            "--save" => save_to = Some(val()),
+            "--load" => load_from = Some(val()),
             "--device" => match val().as_str() {
                 "cpu" => {}
                 "cuda" => {
@@ -121,7 +125,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let show = |e: &fusegrad::nn::char_lm::EvalPoint| {
         println!("{:>6} {:>9.1} {:>14.4}", e.step, e.seconds, e.val_bits)
     };
-    let run = train_char_lm(&data, &config, NormImpl::Fused, show)?;
+    let mut model = new_model(&data, &config, NormImpl::Fused)?;
+    if let Some(f) = &load_from {
+        load(&mut model, f)?;
+        println!("resumed from {f}");
+    }
+    let start = model.clone();
+    let run = train_model(model, &data, &config, show)?;
+    if let Some(f) = &save_to {
+        save(&run.model, f)?;
+        println!("weights written to {f} (safetensors)");
+    }
     let last = run.evals.last().map_or(f64::NAN, |e| e.val_bits);
     println!(
         "fused: {} steps, {:.0} tokens/s, final validation {last:.4} bits/char: {} the bigram, {:.2} bits under the unigram",
@@ -135,7 +149,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         c.steps = run.losses.len();
         c.time_limit = Duration::MAX;
         println!("composed LayerNorm, same seed, {} steps:", c.steps);
-        let twin = train_char_lm(&data, &c, NormImpl::Composed, show)?;
+        let mut twin = start;
+        twin.set_norm_impl(NormImpl::Composed);
+        let twin = train_model(twin, &data, &c, show)?;
         println!(
             "{:>6} {:>12} {:>12} {:>10}",
             "step", "fused", "composed", "rel diff"

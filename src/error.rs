@@ -119,6 +119,10 @@ pub enum Error {
         lhs: String,
         rhs: String,
     },
+    /// A weights file could not be written or read, or does not match the
+    /// module (the first mismatch, named).
+    #[error("weights file {path}: {msg}")]
+    Weights { path: String, msg: String },
     /// CUDA was asked for but cannot be used here.
     #[error("CUDA unavailable: {reason}")]
     CudaUnavailable { reason: String },

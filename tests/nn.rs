@@ -121,7 +121,7 @@ fn linear_layer_norm_stack_gradcheck() {
         assert!(report
             .inputs
             .iter()
-            .all(|r| r.checked == r.shape.iter().product()));
+            .all(|r| r.checked == r.shape.iter().product::<usize>()));
     }
 }
 

@@ -394,6 +394,7 @@ fn kind(e: &Error) -> &'static str {
         Error::InvalidArgument { .. } => "InvalidArgument",
         Error::NoBackward { .. } => "NoBackward",
         Error::DeviceMismatch { .. } => "DeviceMismatch",
+        Error::Weights { .. } => "Weights",
         Error::CudaUnavailable { .. } => "CudaUnavailable",
         Error::OutOfMemory { .. } => "OutOfMemory",
     }

@@ -189,13 +189,41 @@ pub fn train_char_lm(
     data: &CharData,
     config: &CharLmConfig,
     imp: NormImpl,
-    mut on_eval: impl FnMut(&EvalPoint),
+    on_eval: impl FnMut(&EvalPoint),
 ) -> Result<CharLmRun> {
+    train_model(new_model(data, config, imp)?, data, config, on_eval)
+}
+
+/// The model [`train_char_lm`] starts from: `config.model` with the data's
+/// vocabulary, initialised from `config.seed`, with `imp` LayerNorms.
+pub fn new_model(data: &CharData, config: &CharLmConfig, imp: NormImpl) -> Result<Gpt<f32>> {
     let mut shape = config.model;
     shape.vocab = data.vocab();
-    let mut rng = Rng::new(config.seed);
-    let mut model = Gpt::<f32>::new(shape, &mut rng)?;
+    let mut model = Gpt::<f32>::new(shape, &mut Rng::new(config.seed))?;
     model.set_norm_impl(imp);
+    Ok(model)
+}
+
+/// Trains `model` (for example one loaded from a file) on `data`; batches
+/// are drawn from `config.seed`.
+pub fn train_model(
+    mut model: Gpt<f32>,
+    data: &CharData,
+    config: &CharLmConfig,
+    mut on_eval: impl FnMut(&EvalPoint),
+) -> Result<CharLmRun> {
+    let shape = *model.config();
+    if shape.vocab != data.vocab() {
+        return Err(Error::InvalidArgument {
+            op: "train_model",
+            msg: format!(
+                "the model has {} tokens, the text {}",
+                shape.vocab,
+                data.vocab()
+            ),
+        });
+    }
+    let mut rng = Rng::new(config.seed ^ 0xba7c4);
     let mut opt = AdamW::with_lr(config.lr)?;
     let schedule = WarmupCosine::new(
         config.lr,

@@ -114,6 +114,13 @@ impl<T: Element> LayerNorm<T> {
 }
 
 impl<T: Element> Module<T> for LayerNorm<T> {
+    /// `weight` (gamma) and `bias` (beta), as PyTorch's.
+    fn param_names(&self) -> Vec<super::ParamName> {
+        let g = self.gamma.as_ref().map(|_| super::ParamName::new("weight"));
+        let b = self.beta.as_ref().map(|_| super::ParamName::new("bias"));
+        g.into_iter().chain(b).collect()
+    }
+
     fn params(&self) -> Vec<&Tensor<T>> {
         self.gamma.iter().chain(&self.beta).collect()
     }

@@ -113,6 +113,15 @@ impl<T: Element> Linear<T> {
 }
 
 impl<T: Element> Module<T> for Linear<T> {
+    /// `weight` (stored `[out, in]`, as PyTorch's) and `bias`.
+    fn param_names(&self) -> Vec<super::ParamName> {
+        let mut n = vec![super::ParamName::transposed("weight")];
+        if self.bias.is_some() {
+            n.push(super::ParamName::new("bias"));
+        }
+        n
+    }
+
     fn params(&self) -> Vec<&Tensor<T>> {
         std::iter::once(&self.weight).chain(&self.bias).collect()
     }

@@ -185,6 +185,26 @@ fn sizes_error(sizes: &[usize]) -> Error {
 }
 
 impl<T: Element> Module<T> for Mlp<T> {
+    /// `blocks.{i}.linear.*`, `blocks.{i}.norm.*`, `head.*`.
+    fn param_names(&self) -> Vec<super::ParamName> {
+        use super::prefixed;
+        let mut n = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            n.extend(prefixed(
+                &format!("blocks.{i}.linear"),
+                b.linear.param_names(),
+            ));
+            let norm = match &b.norm {
+                NormLayer::None => Vec::new(),
+                NormLayer::Layer(l) => l.param_names(),
+                NormLayer::Rms(l) => l.param_names(),
+            };
+            n.extend(prefixed(&format!("blocks.{i}.norm"), norm));
+        }
+        n.extend(prefixed("head", self.head.param_names()));
+        n
+    }
+
     fn params(&self) -> Vec<&Tensor<T>> {
         let mut p = Vec::new();
         for b in &self.blocks {

@@ -66,6 +66,7 @@ mod optim;
 mod rms_norm;
 mod schedule;
 mod transformer;
+mod weights;
 
 pub use clip::clip_grad_norm;
 pub use init::Init;
@@ -76,6 +77,7 @@ pub use optim::{Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 pub use rms_norm::RmsNorm;
 pub use schedule::WarmupCosine;
 pub use transformer::{Embedding, Gpt, GptConfig, MultiHeadAttention, TransformerBlock};
+pub use weights::{load, save};
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -137,10 +139,59 @@ pub trait Module<T: Element> {
         Ok(self.forward(&p, &tape.constant(x.clone()))?.value().clone())
     }
 
+    /// The parameters' names, in [`Module::params`] order, PyTorch-style
+    /// (`blocks.0.ln1.weight`), as [`save`] and [`load`] write and read
+    /// them. Numbered (`0`, `1`, ...) unless the module names them.
+    fn param_names(&self) -> Vec<ParamName> {
+        (0..self.params().len())
+            .map(|i| ParamName::new(i.to_string()))
+            .collect()
+    }
+
     /// Total number of scalar parameters.
     fn num_params(&self) -> usize {
         self.params().iter().map(|t| t.numel()).sum()
     }
+}
+
+/// A parameter's name in a weights file, and whether the file holds it
+/// transposed (PyTorch keeps a `Linear` weight as `[out, in]`; fusegrad as
+/// `[in, out]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamName {
+    /// Dotted name, e.g. `blocks.0.fc1.weight`.
+    pub name: String,
+    /// Stored with its two dims swapped.
+    pub transposed: bool,
+}
+
+impl ParamName {
+    /// A name stored as the tensor is.
+    pub fn new(name: impl Into<String>) -> Self {
+        ParamName {
+            name: name.into(),
+            transposed: false,
+        }
+    }
+
+    /// A 2-D parameter stored with its dims swapped.
+    pub fn transposed(name: impl Into<String>) -> Self {
+        ParamName {
+            name: name.into(),
+            transposed: true,
+        }
+    }
+}
+
+/// `names` with `prefix.` in front of each.
+pub(crate) fn prefixed(
+    prefix: &str,
+    names: Vec<ParamName>,
+) -> impl Iterator<Item = ParamName> + '_ {
+    names.into_iter().map(move |n| ParamName {
+        name: format!("{prefix}.{}", n.name),
+        transposed: n.transposed,
+    })
 }
 
 /// A module's parameters recorded on a tape, in [`Module::params`] order.
@@ -242,6 +293,12 @@ macro_rules! tuple_module {
                 $(p.extend(self.$i.params_mut());)+
                 p
             }
+            fn param_names(&self) -> Vec<ParamName> {
+                let mut n = Vec::new();
+                $(n.extend(prefixed(stringify!($i), self.$i.param_names()));)+
+                n
+            }
+
             fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
                 let h = x.clone();
                 $(let h = self.$i.forward_params(p, &h)?;)+

@@ -66,6 +66,14 @@ impl<T: Element> RmsNorm<T> {
 }
 
 impl<T: Element> Module<T> for RmsNorm<T> {
+    /// `weight` (gamma), as PyTorch's.
+    fn param_names(&self) -> Vec<super::ParamName> {
+        self.gamma
+            .iter()
+            .map(|_| super::ParamName::new("weight"))
+            .collect()
+    }
+
     fn params(&self) -> Vec<&Tensor<T>> {
         self.gamma.iter().collect()
     }

@@ -14,7 +14,7 @@
 //! [`LayerNorm`], so a whole model can train through either and the two
 //! runs compared.
 
-use super::{Init, LayerNorm, Linear, Module, NormImpl, ParamCursor};
+use super::{prefixed, Init, LayerNorm, Linear, Module, NormImpl, ParamCursor, ParamName};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops;
@@ -112,6 +112,13 @@ impl<T: Element> MultiHeadAttention<T> {
 }
 
 impl<T: Element> Module<T> for MultiHeadAttention<T> {
+    /// `qkv.*` (queries, keys and values in one), `proj.*`.
+    fn param_names(&self) -> Vec<ParamName> {
+        let mut n: Vec<_> = prefixed("qkv", self.qkv.param_names()).collect();
+        n.extend(prefixed("proj", self.proj.param_names()));
+        n
+    }
+
     fn params(&self) -> Vec<&Tensor<T>> {
         let mut p = self.qkv.params();
         p.extend(self.proj.params());
@@ -178,6 +185,16 @@ impl<T: Element> TransformerBlock<T> {
 }
 
 impl<T: Element> Module<T> for TransformerBlock<T> {
+    /// `ln1.*`, `attn.*`, `ln2.*`, `fc1.*`, `fc2.*`.
+    fn param_names(&self) -> Vec<ParamName> {
+        let mut n: Vec<_> = prefixed("ln1", self.ln1.param_names()).collect();
+        n.extend(prefixed("attn", self.attn.param_names()));
+        n.extend(prefixed("ln2", self.ln2.param_names()));
+        n.extend(prefixed("fc1", self.fc1.param_names()));
+        n.extend(prefixed("fc2", self.fc2.param_names()));
+        n
+    }
+
     fn params(&self) -> Vec<&Tensor<T>> {
         let mut p = self.ln1.params();
         p.extend(self.attn.params());
@@ -327,6 +344,17 @@ impl<T: Element> Gpt<T> {
 }
 
 impl<T: Element> Module<T> for Gpt<T> {
+    /// `wte.weight`, `wpe.weight`, `blocks.{i}.*`, `ln_f.*`, `head.*`.
+    fn param_names(&self) -> Vec<ParamName> {
+        let mut n = vec![ParamName::new("wte.weight"), ParamName::new("wpe.weight")];
+        for (i, b) in self.blocks.iter().enumerate() {
+            n.extend(prefixed(&format!("blocks.{i}"), b.param_names()));
+        }
+        n.extend(prefixed("ln_f", self.ln_f.param_names()));
+        n.extend(prefixed("head", self.head.param_names()));
+        n
+    }
+
     fn params(&self) -> Vec<&Tensor<T>> {
         let mut p = self.tokens.params();
         p.extend(self.positions.params());

@@ -1,0 +1,197 @@
+//! A module's parameters in a safetensors file, under the names of
+//! [`Module::param_names`], in the module's own element type (f32, f64,
+//! f16 or bf16), little-endian and row-major as the format and PyTorch
+//! write them. A `Linear` weight is stored `[out, in]`, as PyTorch keeps
+//! it, so files move between the two.
+
+use super::{Module, ParamName};
+use crate::dtype::{Accum, Element};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+fn err(path: &Path, msg: impl Into<String>) -> Error {
+    Error::Weights {
+        path: path.display().to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// The safetensors dtype of `T`.
+fn dtype<T: Element>() -> Dtype {
+    match T::NAME {
+        "f64" => Dtype::F64,
+        "f16" => Dtype::F16,
+        "bf16" => Dtype::BF16,
+        _ => Dtype::F32,
+    }
+}
+
+/// `v`'s little-endian bytes (exact: every element type widens to f64
+/// and back without rounding).
+fn push_bytes<T: Element>(v: T, out: &mut Vec<u8>) {
+    let x = v.to_acc().f64();
+    match dtype::<T>() {
+        Dtype::F64 => out.extend_from_slice(&x.to_le_bytes()),
+        Dtype::F16 => out.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+        Dtype::BF16 => out.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+        _ => out.extend_from_slice(&(x as f32).to_le_bytes()),
+    }
+}
+
+/// The element of little-endian `b` (its dtype's width).
+fn from_bytes<T: Element>(b: &[u8]) -> T {
+    let x = match b.len() {
+        8 => f64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+        4 => f32::from_le_bytes(b.try_into().unwrap_or([0; 4])) as f64,
+        _ => {
+            let h = [b[0], b[1]];
+            if dtype::<T>() == Dtype::BF16 {
+                half::bf16::from_le_bytes(h).to_f64()
+            } else {
+                half::f16::from_le_bytes(h).to_f64()
+            }
+        }
+    };
+    T::from_acc(<T::Acc as Accum>::of(x))
+}
+
+/// `t`'s elements with its two dims swapped when `swap`.
+fn layout<T: Element>(t: &[T], shape: &[usize], swap: bool) -> (Vec<T>, Vec<usize>) {
+    match (swap, shape) {
+        (true, &[r, c]) => {
+            let mut out = Vec::with_capacity(t.len());
+            for j in 0..c {
+                out.extend((0..r).map(|i| t[i * c + j]));
+            }
+            (out, vec![c, r])
+        }
+        _ => (t.to_vec(), shape.to_vec()),
+    }
+}
+
+/// Writes `model`'s parameters to `path` as safetensors.
+pub fn save<T: Element, M: Module<T> + ?Sized>(model: &M, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let (params, names) = (model.params(), model.param_names());
+    check_names(path, &names, params.len())?;
+    let mut blobs = Vec::with_capacity(params.len());
+    for (p, n) in params.iter().zip(&names) {
+        let (vals, shape) = layout(p.as_slice()?, p.shape(), n.transposed);
+        let mut bytes = Vec::with_capacity(vals.len() * std::mem::size_of::<T>());
+        for v in vals {
+            push_bytes(v, &mut bytes);
+        }
+        blobs.push((n.name.clone(), shape, bytes));
+    }
+    let views = blobs
+        .iter()
+        .map(|(n, s, b)| {
+            safetensors::tensor::TensorView::new(dtype::<T>(), s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| err(path, e.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| err(path, e.to_string()))?;
+    std::fs::write(path, bytes).map_err(|e| err(path, e.to_string()))
+}
+
+/// Reads `model`'s parameters from the safetensors file at `path`. Every
+/// parameter must be there with its shape and `T`'s dtype, and the file
+/// may hold nothing else; the first mismatch is an error that names it,
+/// and then the model is left unchanged.
+pub fn load<T: Element, M: Module<T> + ?Sized>(
+    model: &mut M,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| err(path, e.to_string()))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| err(path, e.to_string()))?;
+    let names = model.param_names();
+    let fresh = {
+        let params = model.params();
+        check_names(path, &names, params.len())?;
+        let mut fresh = Vec::with_capacity(params.len());
+        for (p, n) in params.iter().zip(&names) {
+            let view = file.tensor(&n.name).map_err(|_| {
+                err(
+                    path,
+                    format!("no tensor named {:?} (the model's {:?})", n.name, p.shape()),
+                )
+            })?;
+            let want = match (n.transposed, p.shape()) {
+                (true, &[r, c]) => vec![c, r],
+                (_, s) => s.to_vec(),
+            };
+            if view.dtype() != dtype::<T>() {
+                return Err(err(
+                    path,
+                    format!(
+                        "{:?} is {:?}, the model is {}",
+                        n.name,
+                        view.dtype(),
+                        T::NAME
+                    ),
+                ));
+            }
+            if view.shape() != want.as_slice() {
+                return Err(err(
+                    path,
+                    format!(
+                        "{:?} has shape {:?}, the model needs {want:?}",
+                        n.name,
+                        view.shape()
+                    ),
+                ));
+            }
+            let width = view.dtype().bitsize() / 8;
+            let vals: Vec<T> = view
+                .data()
+                .chunks_exact(width)
+                .map(from_bytes::<T>)
+                .collect();
+            let (vals, shape) = layout(&vals, &want, n.transposed);
+            fresh.push(Tensor::from_vec(shape, vals)?);
+        }
+        let known: BTreeSet<&str> = names.iter().map(|n| n.name.as_str()).collect();
+        let mut extra: Vec<&str> = file
+            .names()
+            .into_iter()
+            .filter(|n| !known.contains(n))
+            .collect();
+        extra.sort_unstable();
+        if let Some(x) = extra.first() {
+            return Err(err(
+                path,
+                format!("tensor {x:?} is not a parameter of the model"),
+            ));
+        }
+        fresh
+    };
+    for (p, t) in model.params_mut().into_iter().zip(fresh) {
+        *p = t;
+    }
+    Ok(())
+}
+
+/// One name per parameter, no name twice.
+fn check_names(path: &Path, names: &[ParamName], params: usize) -> Result<()> {
+    if names.len() != params {
+        return Err(err(
+            path,
+            format!("{} names for {params} parameters", names.len()),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for n in names {
+        if !seen.insert(n.name.as_str()) {
+            return Err(err(
+                path,
+                format!("parameter name {:?} appears twice", n.name),
+            ));
+        }
+    }
+    Ok(())
+}
