@@ -126,6 +126,19 @@ pub enum Error {
     /// CUDA was asked for but cannot be used here.
     #[error("CUDA unavailable: {reason}")]
     CudaUnavailable { reason: String },
+
+    /// A CUDA driver, cuBLAS or NVRTC call failed; `msg` carries the
+    /// library's message (for NVRTC, the compile log).
+    #[error("{op} on {device}: {msg}")]
+    Cuda {
+        op: &'static str,
+        device: String,
+        msg: String,
+    },
+
+    /// The op has no path on this device in this release.
+    #[error("{op}: not available on {device} in this release")]
+    Unsupported { op: &'static str, device: String },
     /// The allocator refused a buffer (the shape's byte count fits in
     /// `isize`, but no such block could be had).
     #[error("{op}: out of memory allocating {bytes} bytes for shape {shape:?}")]

@@ -109,6 +109,36 @@ fn prims_only() -> Result<()> {
     Ok(())
 }
 
+/// Every kernel compiled for the checked architectures, as a table; false
+/// on any spill.
+#[cfg(feature = "cuda")]
+fn kernels() -> Result<bool> {
+    let rows = fusegrad::device::kernel_table(&fusegrad::device::CHECKED_ARCHS)?;
+    println!(
+        "{:<14} {:<30} {:>6} {:>5} {:>6} {:>6}",
+        "family", "kernel", "arch", "regs", "smem", "spill"
+    );
+    for r in &rows {
+        println!(
+            "{:<14} {:<30} {:>6} {:>5} {:>6} {:>6}",
+            r.family,
+            r.kernel,
+            format!("sm_{}", r.arch),
+            r.registers,
+            r.shared_bytes,
+            r.spill_bytes
+        );
+    }
+    let spills = rows.iter().filter(|r| r.spill_bytes > 0).count();
+    println!("\n{} kernels compiled, {spills} with spills", rows.len());
+    Ok(spills == 0)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernels() -> Result<bool> {
+    Device::Cuda(0).ensure_available().map(|_| false)
+}
+
 /// The command line: subcommands and their flags. Unknown flags and stray
 /// arguments are errors that show the usage.
 fn cli() -> Command {
@@ -127,6 +157,9 @@ fn cli() -> Command {
                         .help("Where to write the SVG plot"),
                 ),
         )
+        .subcommand(Command::new("kernels").about(
+            "Compile every CUDA kernel with NVRTC for sm_80 and sm_90 (no GPU needed) and show registers, shared memory and spills",
+        ))
         .subcommand(
             Command::new("bench")
                 .about("Fused LayerNorm fwd+bwd against a same-run copy and the composed twin, all eight shapes; then the primitive ops")
@@ -170,6 +203,7 @@ fn run() -> Result<bool> {
             let svg = a.get_one::<PathBuf>("plot").cloned().unwrap_or_default();
             stability_demo(svg).map(|_| true)
         }
+        Some(("kernels", _)) => kernels(),
         Some(("bench", a)) => {
             if a.get_one::<String>("device").map(String::as_str) == Some("cuda") {
                 Device::Cuda(0).ensure_available()?;

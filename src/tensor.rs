@@ -116,6 +116,17 @@ impl std::fmt::Debug for Dims {
 pub(crate) enum Storage<T: Element> {
     /// Host memory: a pooled, 64-byte aligned buffer.
     Cpu(Buffer<T>),
+    /// GPU memory: at least `len` elements on one device.
+    #[cfg(feature = "cuda")]
+    Cuda(CudaBuf<T>),
+}
+
+/// A tensor's elements on a GPU.
+#[cfg(feature = "cuda")]
+pub(crate) struct CudaBuf<T: Element> {
+    pub(crate) gpu: std::sync::Arc<crate::device::cuda::Gpu>,
+    pub(crate) data: cudarc::driver::CudaSlice<T>,
+    pub(crate) len: usize,
 }
 
 impl<T: Element> Storage<T> {
@@ -123,6 +134,8 @@ impl<T: Element> Storage<T> {
     pub(crate) fn len(&self) -> usize {
         match self {
             Storage::Cpu(b) => b.len(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(b) => b.len,
         }
     }
 
@@ -130,6 +143,8 @@ impl<T: Element> Storage<T> {
     pub(crate) fn device(&self) -> Device {
         match self {
             Storage::Cpu(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(b) => Device::Cuda(b.gpu.ordinal),
         }
     }
 }
@@ -255,10 +270,9 @@ impl<T: Element> Tensor<T> {
         Self::full(shape, T::ZERO)
     }
 
-    /// Copies the values out as an ndarray array.
+    /// Copies the values out as an ndarray array (from any device).
     pub fn to_array(&self) -> Result<ArrayD<T>> {
-        let s = self.as_slice()?;
-        ArrayD::from_shape_vec(IxDyn(&self.shape), s.to_vec()).map_err(|e| Error::InvalidArgument {
+        ArrayD::from_shape_vec(IxDyn(&self.shape), self.to_vec()?).map_err(|e| Error::InvalidArgument {
             op: "Tensor::to_array",
             msg: e.to_string(),
         })
@@ -299,7 +313,40 @@ impl<T: Element> Tensor<T> {
     pub fn as_slice(&self) -> Result<&[T]> {
         match &*self.data {
             Storage::Cpu(b) => Ok(b),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::InvalidArgument {
+                op: "Tensor::as_slice",
+                msg: format!(
+                    "the tensor is on {}; copy it to the host with to_device(Device::Cpu) \
+                     or to_vec()",
+                    self.device()
+                ),
+            }),
         }
+    }
+
+    /// The values, row-major, copied to a host vector from any device.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        match &*self.data {
+            Storage::Cpu(b) => Ok(b.to_vec()),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(b) => b.gpu.download(&b.data, b.len),
+        }
+    }
+
+    /// A tensor of `shape` over GPU data (crate-internal constructor for
+    /// the CUDA kernels' outputs).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_cuda(
+        shape: &[usize],
+        gpu: std::sync::Arc<crate::device::cuda::Gpu>,
+        data: cudarc::driver::CudaSlice<T>,
+    ) -> Result<Self> {
+        let len = checked_numel("Tensor", shape, std::mem::size_of::<T>())?;
+        Ok(Tensor {
+            shape: Dims::from_slice(shape),
+            data: Arc::new(Storage::Cuda(CudaBuf { gpu, data, len })),
+        })
     }
 
     /// A copy on `device`; the same tensor (shared storage, no copy) when
@@ -310,6 +357,26 @@ impl<T: Element> Tensor<T> {
             return Ok(self.clone());
         }
         device.ensure_available()?;
+        #[cfg(feature = "cuda")]
+        {
+            let host;
+            let src: &[T] = match &*self.data {
+                Storage::Cpu(b) => b,
+                Storage::Cuda(b) => {
+                    host = b.gpu.download(&b.data, b.len)?;
+                    &host
+                }
+            };
+            match device {
+                Device::Cpu => Tensor::from_slice(&self.shape, src),
+                Device::Cuda(n) => {
+                    let gpu = crate::device::cuda::gpu(n)?;
+                    let data = gpu.upload(src)?;
+                    Tensor::from_cuda(&self.shape, gpu, data)
+                }
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
         Err(Error::InvalidArgument {
             op: "Tensor::to_device",
             msg: format!("no copy path from {} to {device}", self.device()),
@@ -333,17 +400,19 @@ impl<T: Element> Tensor<T> {
     }
 
     /// Converts every element to another element type.
+    /// On a GPU the values make a round trip through the host.
     pub fn cast<U: Element>(&self) -> Result<Tensor<U>> {
-        let s = self.as_slice()?;
+        let s = self.to_vec()?;
         Tensor::from_shape(
             &self.shape,
             s.iter().map(|v| U::from_f64(v.to_f64())).collect(),
-        )
+        )?
+        .to_device(self.device())
     }
 
-    /// The values widened to f64.
+    /// The values widened to f64, copied to the host from any device.
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
-        Ok(self.as_slice()?.iter().map(|v| v.to_f64()).collect())
+        Ok(self.to_vec()?.iter().map(|v| v.to_f64()).collect())
     }
 
     /// Identity of the storage, used to count shared buffers once.
@@ -353,16 +422,20 @@ impl<T: Element> Tensor<T> {
 
     /// Takes the values out as a host vector, copying only if the storage
     /// is shared (a kernel's aligned output is moved to the front of its
-    /// allocation). Host data only, like [`Tensor::as_slice`].
+    /// allocation). From a GPU it is a copy to the host.
     pub fn into_vec(self) -> Result<Vec<T>> {
         match Arc::try_unwrap(self.data) {
             Ok(Storage::Cpu(b)) => Ok(b.into_vec()),
+            #[cfg(feature = "cuda")]
+            Ok(Storage::Cuda(b)) => b.gpu.download(&b.data, b.len),
             Err(a) => match &*a {
                 Storage::Cpu(b) => {
                     let mut v = T::pool().take(b.len());
                     v.copy_from_slice(b);
                     Ok(v)
                 }
+                #[cfg(feature = "cuda")]
+                Storage::Cuda(b) => b.gpu.download(&b.data, b.len),
             },
         }
     }

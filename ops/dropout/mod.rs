@@ -11,6 +11,8 @@
 //! one bit per element.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -40,6 +42,8 @@ fn apply<T: Element>(x: &Tensor<T>, keep: &[u8], scale: f64) -> Result<Tensor<T>
     }
     match x.storage() {
         Storage::Cpu(xs) => Tensor::from_buffer(x.shape(), cpu::apply(xs, keep, scale)),
+        #[cfg(feature = "cuda")]
+        Storage::Cuda(xs) => cuda::apply(xs, x.shape(), keep, scale),
     }
 }
 

@@ -88,6 +88,8 @@ pub(crate) enum Binary {
 pub(crate) fn unary<T: Element>(k: Unary, x: &Tensor<T>) -> Result<Tensor<T>> {
     match x.storage() {
         Storage::Cpu(xs) => Tensor::from_buffer(x.shape(), cpu::unary(k, xs)),
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("elementwise")),
     }
 }
 
@@ -112,6 +114,8 @@ pub(crate) fn unary_to<T: Element>(
     let mut dst = output::<T>(op, shape)?;
     match x.storage() {
         Storage::Cpu(xs) => cpu::unary_broadcast(k, xs, x.shape(), shape, &mut dst),
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("elementwise")),
     }
     Tensor::from_buffer(shape, dst)
 }
@@ -140,6 +144,8 @@ pub(crate) fn binary<T: Element>(
         (Storage::Cpu(x), Storage::Cpu(y)) => {
             cpu::binary(k, (x, a.shape()), (y, b.shape()), &out, &mut dst)
         }
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("elementwise")),
     }
     Tensor::from_buffer(&out, dst)
 }
@@ -168,6 +174,8 @@ pub(crate) fn mul_grads<T: Element>(
                 Tensor::from_buffer(g.shape(), db)?,
             ))
         }
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("elementwise")),
     }
 }
 
@@ -178,6 +186,8 @@ pub(crate) fn relu_forward<T: Element>(x: &Tensor<T>) -> Result<(Tensor<T>, Vec<
             let (y, mask) = cpu::relu_forward(xs);
             Ok((Tensor::from_buffer(x.shape(), y)?, mask))
         }
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("elementwise")),
     }
 }
 
@@ -185,6 +195,8 @@ pub(crate) fn relu_forward<T: Element>(x: &Tensor<T>) -> Result<(Tensor<T>, Vec<
 pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &Tensor<T>) -> Result<Tensor<T>> {
     match g.storage() {
         Storage::Cpu(gs) => Tensor::from_buffer(g.shape(), cpu::relu_backward(mask, gs)),
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("elementwise")),
     }
 }
 

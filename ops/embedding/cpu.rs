@@ -20,13 +20,9 @@ pub(crate) fn gather<T: Element>(w: &[T], dim: usize, ids: &[usize], mut out: Ve
 /// increasing position, of the rows of `g` (`[ids.len(), dim]`) at the
 /// positions whose id is `v`; 0 for ids that never occur. Sums run in the
 /// accumulation type.
-pub(crate) fn scatter_add<T: Element>(g: &[T], dim: usize, ids: &[usize], vocab: usize) -> Vec<T> {
-    let mut out = vec![T::ZERO; vocab * dim];
-    if dim == 0 || ids.is_empty() {
-        return out;
-    }
-    // A stable counting sort: the positions of id v are
-    // pos[start[v]..start[v + 1]], ascending.
+/// A stable counting sort of positions by id: the positions whose id is
+/// `v` are `pos[start[v]..start[v + 1]]`, ascending (every id `< vocab`).
+pub(crate) fn positions_by_id(ids: &[usize], vocab: usize) -> (Vec<usize>, Vec<usize>) {
     let mut start = vec![0usize; vocab + 1];
     for &id in ids {
         start[id + 1] += 1;
@@ -40,6 +36,15 @@ pub(crate) fn scatter_add<T: Element>(g: &[T], dim: usize, ids: &[usize], vocab:
         pos[next[id]] = i;
         next[id] += 1;
     }
+    (start, pos)
+}
+
+pub(crate) fn scatter_add<T: Element>(g: &[T], dim: usize, ids: &[usize], vocab: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; vocab * dim];
+    if dim == 0 || ids.is_empty() {
+        return out;
+    }
+    let (start, pos) = positions_by_id(ids, vocab);
     let rows = (CHUNK / dim).max(1);
     let jobs: Vec<_> = out.chunks_mut(rows * dim).enumerate().collect();
     run_each(jobs, |(t, o)| {

@@ -10,6 +10,8 @@
 //! the weight. The data is reached only through the kernels below.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -79,9 +81,13 @@ impl<T: Element> Op<T> for Embedding {
         let (vocab, dim) = check(w.shape(), &self.ids, &self.ids_shape)?;
         let mut shape = self.ids_shape.clone();
         shape.push(dim);
-        let out = alloc::<T>("embedding", &shape)?;
         let y = match w.storage() {
-            Storage::Cpu(ws) => Tensor::from_vec(shape, cpu::gather(ws, dim, &self.ids, out))?,
+            Storage::Cpu(ws) => {
+                let out = alloc::<T>("embedding", &shape)?;
+                Tensor::from_vec(shape, cpu::gather(ws, dim, &self.ids, out))?
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(ws) => cuda::gather(ws, dim, &self.ids, shape)?,
         };
         let state = EmbeddingState {
             ids: self.ids.clone(),
@@ -107,9 +113,14 @@ impl<T: Element> Op<T> for Embedding {
             });
         }
         let dw = match g.storage() {
-            Storage::Cpu(gs) => cpu::scatter_add(gs, dim, &st.ids, st.vocab),
+            Storage::Cpu(gs) => Tensor::from_vec(
+                vec![st.vocab, dim],
+                cpu::scatter_add(gs, dim, &st.ids, st.vocab),
+            )?,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(gs) => cuda::scatter_add(gs, dim, &st.ids, st.vocab)?,
         };
-        Ok(vec![Some(Tensor::from_vec(vec![st.vocab, dim], dw)?)])
+        Ok(vec![Some(dw)])
     }
 }
 

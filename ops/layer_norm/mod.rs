@@ -216,6 +216,8 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 let (gs, bs) = (cpu_side(x, gamma)?, cpu_side(x, beta)?);
                 cpu::forward_checked(xs, self.d, gs, bs, self.eps)
             }
+            #[cfg(feature = "cuda")]
+            _ => return Err(crate::device::unsupported("layer_norm")),
         };
         let n = [mean.len()];
         let state = LayerNormState {
@@ -258,6 +260,8 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 let gs = cpu_side(&s.x, s.gamma.as_ref())?;
                 cpu::backward_checked(xs, dy, self.d, gs, (m, r), s.scaled, self.eps, want)
             }
+            #[cfg(feature = "cuda")]
+            _ => return Err(crate::device::unsupported("layer_norm")),
         };
         let shaped = |v: Option<Buffer<T>>, shape: &[usize]| {
             v.map(|v| Tensor::from_buffer(shape, v)).transpose()

@@ -41,6 +41,8 @@ fn mse_kernel<T: Element>(p: &Tensor<T>, t: &Tensor<T>) -> Result<Tensor<T>> {
     check_devices("mse", p, t)?;
     match (p.storage(), t.storage()) {
         (Storage::Cpu(ps), Storage::Cpu(ts)) => Ok(Tensor::scalar(cpu::mse(ps, ts))),
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("loss")),
     }
 }
 
@@ -58,6 +60,8 @@ fn mse_grad_kernel<T: Element>(
         (Storage::Cpu(gs), Storage::Cpu(ps), Storage::Cpu(ts)) => {
             Tensor::from_vec(p.shape().to_vec(), cpu::mse_grad(gs, ps, ts, sign))
         }
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("loss")),
     }
 }
 
@@ -148,6 +152,8 @@ fn cross_entropy_kernel<T: Element>(
             let (loss, stats) = cpu::cross_entropy(xs, x.shape(), c, targets)?;
             Ok((Tensor::scalar(loss), CeStats::Cpu(stats)))
         }
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("loss")),
     }
 }
 
@@ -166,6 +172,8 @@ fn cross_entropy_grad_kernel<T: Element>(
             x.shape().to_vec(),
             cpu::cross_entropy_grad(gs, xs, c, targets, st),
         ),
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("loss")),
     }
 }
 

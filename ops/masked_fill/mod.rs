@@ -9,6 +9,8 @@
 //! of it (one byte per mask element) and nothing of `x`.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -37,6 +39,8 @@ fn select<T: Element>(x: &Tensor<T>, mask: &Mask, fill: T) -> Result<Tensor<T>> 
             x.shape(),
             cpu::select(xs, x.shape(), mask.values(), mask.shape(), fill),
         ),
+        #[cfg(feature = "cuda")]
+        Storage::Cuda(xs) => cuda::select(xs, x.shape(), mask.values(), mask.shape(), fill),
     }
 }
 

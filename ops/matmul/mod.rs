@@ -17,6 +17,8 @@
 //! of its operands' last two dims.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 #[cfg(any(test, feature = "probes"))]
 pub(crate) mod tiled;
 
@@ -25,6 +27,8 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
 use crate::shape::{alloc_filled, broadcast_shapes};
+#[cfg(feature = "cuda")]
+use crate::shape::{broadcast_strides, for_each_offset};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 
@@ -131,6 +135,32 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>, ta: bool, tb: bool) -> Result<T
             );
             Tensor::from_vec(shape, out)
         }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(xa), Storage::Cuda(xb)) => {
+            let index = |s: &[usize]| {
+                let mut o = Vec::new();
+                let st = broadcast_strides(&s[..s.len() - 2], &batch);
+                for_each_offset(&batch, &st, |_, x| o.push(x));
+                o
+            };
+            let oa = cuda::Operand {
+                buf: xa,
+                trans: ta,
+                batch_index: index(a.shape()),
+            };
+            let ob = cuda::Operand {
+                buf: xb,
+                trans: tb,
+                batch_index: index(b.shape()),
+            };
+            cuda::bmm(oa, ob, &shape, [m, k, n])
+        }
+        #[cfg(feature = "cuda")]
+        _ => Err(Error::DeviceMismatch {
+            op: OP,
+            lhs: a.device().to_string(),
+            rhs: b.device().to_string(),
+        }),
     }
 }
 
@@ -176,7 +206,9 @@ impl<T: Element> Op<T> for Matmul {
             // all are 0. Zeros of the operand's own shape also avoid a
             // broadcast-batch intermediate, which for an empty output can be
             // far larger than anything that exists ([2^56, 0, 1] @ [1, 3]).
-            let zeros = |i: usize, t: &Tensor<T>| need(i).then(|| Tensor::zeros(t.shape()));
+            let zeros = |i: usize, t: &Tensor<T>| {
+                need(i).then(|| Tensor::zeros(t.shape()).and_then(|z| z.to_device(t.device())))
+            };
             return Ok(vec![zeros(0, a).transpose()?, zeros(1, b).transpose()?]);
         }
         let da = if need(0) {

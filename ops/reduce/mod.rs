@@ -140,6 +140,8 @@ pub(crate) fn sum_kernel<T: Element>(
     let div = div.map(|n| T::Acc::of(n as f64));
     match x.storage() {
         Storage::Cpu(xs) => Tensor::from_vec(out.to_vec(), cpu::sum(xs, x.shape(), red, div)),
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("reduce")),
     }
 }
 

@@ -88,6 +88,8 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
         }
         let (y, rstd, scaled) = match x.storage() {
             Storage::Cpu(xs) => cpu::forward_checked(xs, self.d, cpu_side(x, gamma)?, self.eps),
+            #[cfg(feature = "cuda")]
+            _ => return Err(crate::device::unsupported("rms_norm")),
         };
         let state = RmsNormState {
             x: x.clone(),
@@ -118,6 +120,8 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
                 let gs = cpu_side(&s.x, s.gamma.as_ref())?;
                 cpu::backward_checked(xs, dy, self.d, gs, r, s.scaled, self.eps, want)
             }
+            #[cfg(feature = "cuda")]
+            _ => return Err(crate::device::unsupported("rms_norm")),
         };
         let mut grads = vec![dx
             .map(|v| Tensor::from_buffer(s.x.shape(), v))

@@ -14,6 +14,8 @@
 //! shape, its adjoint the tape's sum back to the input shape.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod slice;
 
 pub use slice::*;
@@ -69,6 +71,8 @@ fn permute_tensor<T: Element>(x: &Tensor<T>, perm: &[usize]) -> Result<Tensor<T>
             let v = cpu::permute(xs, &out, &src);
             Tensor::from_vec(out, v)
         }
+        #[cfg(feature = "cuda")]
+        Storage::Cuda(xs) => cuda::permute(xs, &out, &src),
     }
 }
 

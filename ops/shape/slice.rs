@@ -11,6 +11,8 @@
 //! Neither saves a tensor; each op holds the sizes its backward needs.
 
 use super::cpu;
+#[cfg(feature = "cuda")]
+use super::cuda;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
@@ -35,6 +37,8 @@ fn slice<T: Element>(x: &Tensor<T>, axis: usize, start: usize, len: usize) -> Re
         Storage::Cpu(xs) => {
             Tensor::from_buffer(&shape, cpu::take_rows(xs, outer, inner, d, start, len))
         }
+        #[cfg(feature = "cuda")]
+        Storage::Cuda(xs) => cuda::take_rows(xs, &shape, (outer, inner, d), start, len),
     }
 }
 
@@ -67,9 +71,16 @@ impl<T: Element> Op<T> for Narrow {
             });
         }
         let dx = match g.storage() {
-            Storage::Cpu(gs) => cpu::pad_rows(gs, outer, inner, d, self.start, self.len),
+            Storage::Cpu(gs) => Tensor::from_vec(
+                self.shape.clone(),
+                cpu::pad_rows(gs, outer, inner, d, self.start, self.len),
+            )?,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(gs) => {
+                cuda::pad_rows(gs, &self.shape, (outer, inner, d), self.start, self.len)?
+            }
         };
-        Ok(vec![Some(Tensor::from_vec(self.shape.clone(), dx)?)])
+        Ok(vec![Some(dx)])
     }
 }
 
@@ -105,11 +116,22 @@ impl<T: Element> Op<T> for Concat {
         let shapes: Vec<&[usize]> = xs.iter().map(|x| x.shape()).collect();
         let shape = concat_shape::<T>(&shapes, self.axis)?;
         let (outer, _, inner) = around(&shape, self.axis);
+        for x in &xs[1..] {
+            crate::ops::elementwise::check_devices("concat", xs[0], x)?;
+        }
         let mut parts = Vec::with_capacity(xs.len());
+        #[cfg(feature = "cuda")]
+        let mut gpu_parts = Vec::new();
         for x in xs {
             match x.storage() {
                 Storage::Cpu(s) => parts.push((&s[..], x.shape()[self.axis])),
+                #[cfg(feature = "cuda")]
+                Storage::Cuda(s) => gpu_parts.push((s, x.shape()[self.axis])),
             }
+        }
+        #[cfg(feature = "cuda")]
+        if !gpu_parts.is_empty() {
+            return Ok((cuda::concat(&gpu_parts, &shape, outer, inner)?, ()));
         }
         let y = Tensor::from_buffer(&shape, cpu::concat_rows(&parts, outer, inner))?;
         Ok((y, ()))

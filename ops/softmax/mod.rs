@@ -44,6 +44,8 @@ fn softmax_kernel<T: Element>(x: &Tensor<T>, axis: usize, log: bool) -> Result<T
     let (d, inner) = split(x.shape(), axis);
     match x.storage() {
         Storage::Cpu(xs) => Tensor::from_vec(x.shape().to_vec(), cpu::forward(xs, d, inner, log)),
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("softmax")),
     }
 }
 
@@ -71,6 +73,8 @@ fn softmax_grad_kernel<T: Element>(
         (Storage::Cpu(ys), Storage::Cpu(gs)) => {
             Tensor::from_vec(y.shape().to_vec(), cpu::backward(ys, gs, d, inner, log))
         }
+        #[cfg(feature = "cuda")]
+        _ => return Err(crate::device::unsupported("softmax")),
     }
 }
 

@@ -28,6 +28,13 @@ mod counted {
     #[derive(Debug, Clone, Copy, Default, PartialEq, PartialOrd)]
     pub struct Counted(pub f64);
 
+    // SAFETY: one f64; all-zero bits are 0.0. (Never sent to a GPU; the
+    // bounds come with `Element`.)
+    #[cfg(feature = "cuda")]
+    unsafe impl cudarc::driver::DeviceRepr for Counted {}
+    #[cfg(feature = "cuda")]
+    unsafe impl cudarc::driver::ValidAsZeroBits for Counted {}
+
     macro_rules! binop {
         ($($tr:ident $f:ident $atr:ident $af:ident $op:tt),*) => {$(
             impl $tr for Counted {

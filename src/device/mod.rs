@@ -1,8 +1,28 @@
-//! Where tensors live. The CPU is always present; CUDA is reported as
-//! unavailable until the CUDA backend lands.
+//! Where tensors live. The CPU is always present; a CUDA GPU is used when
+//! the `cuda` feature is on (the default) and the machine has one.
 
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) mod nvrtc;
 pub(crate) mod pool;
+
+#[cfg(feature = "cuda")]
+pub use nvrtc::{kernel_table, KernelInfo, CHECKED_ARCHS};
+
+/// What an element type needs to live on every device this build has.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub trait DeviceElement: cuda::GpuElement {}
+#[cfg(feature = "cuda")]
+impl<T: cuda::GpuElement> DeviceElement for T {}
+/// What an element type needs to live on every device this build has.
+#[cfg(not(feature = "cuda"))]
+#[doc(hidden)]
+pub trait DeviceElement {}
+#[cfg(not(feature = "cuda"))]
+impl<T> DeviceElement for T {}
 
 use crate::error::{Error, Result};
 
@@ -30,9 +50,35 @@ impl Device {
     pub fn ensure_available(self) -> Result<()> {
         match self {
             Device::Cpu => Ok(()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => cuda::gpu(n).map(|_| ()),
+            #[cfg(not(feature = "cuda"))]
             Device::Cuda(n) => Err(Error::CudaUnavailable {
-                reason: format!("cuda:{n} requested, but this build has no CUDA backend yet"),
+                reason: format!(
+                    "cuda:{n} requested, but this build has no CUDA backend \
+                     (built without the `cuda` feature)"
+                ),
             }),
         }
+    }
+
+    /// Whether a first CUDA GPU can be used, and if not, why (for reports).
+    pub fn cuda_status() -> std::result::Result<String, String> {
+        #[cfg(feature = "cuda")]
+        {
+            let g = cuda::gpu(0).map_err(|e| e.to_string())?;
+            Ok(format!("cuda:0, sm_{}", g.arch))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Err("built without the `cuda` feature".into())
+    }
+}
+
+/// An op with no path on a GPU in this release.
+#[cfg(feature = "cuda")]
+pub(crate) fn unsupported(op: &'static str) -> Error {
+    Error::Unsupported {
+        op,
+        device: "cuda".into(),
     }
 }

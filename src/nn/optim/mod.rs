@@ -6,6 +6,8 @@
 //! the device's loops (`cpu.rs`).
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use super::{Bound, Module};
 use crate::dtype::Element;
@@ -132,22 +134,32 @@ pub(crate) fn apply<T: Element>(
     state: &mut Vec<Tensor<T::Acc>>,
 ) -> Result<()> {
     let shape = p.shape().to_vec();
+    crate::ops::elementwise::check_devices("optimizer step", p, g)?;
     let (np, ns) = match (p.storage(), g.storage()) {
         (Storage::Cpu(ps), Storage::Cpu(gs)) => {
-            let prev: Vec<&[T::Acc]> = state
-                .iter()
-                .map(|s| match s.storage() {
-                    Storage::Cpu(b) => &b[..],
-                })
-                .collect();
-            cpu::update(rule, ps, gs, &prev)
+            let mut prev: Vec<&[T::Acc]> = Vec::with_capacity(state.len());
+            for s in state.iter() {
+                prev.push(s.as_slice()?);
+            }
+            let (np, ns) = cpu::update(rule, ps, gs, &prev);
+            let ns = ns
+                .into_iter()
+                .map(|b| Tensor::from_buffer(&shape, b))
+                .collect::<Result<Vec<_>>>()?;
+            (Tensor::from_buffer(&shape, np)?, ns)
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(ps), Storage::Cuda(gs)) => cuda::update(rule, ps, gs, &shape, state)?,
+        #[cfg(feature = "cuda")]
+        _ => {
+            return Err(Error::DeviceMismatch {
+                op: "optimizer step",
+                lhs: p.device().to_string(),
+                rhs: g.device().to_string(),
+            })
         }
     };
-    let ns = ns
-        .into_iter()
-        .map(|b| Tensor::from_buffer(&shape, b))
-        .collect::<Result<Vec<_>>>()?;
-    *p = Tensor::from_buffer(&shape, np)?;
+    *p = np;
     *state = ns;
     Ok(())
 }

@@ -1,0 +1,1007 @@
+// ===========================================================================
+// Fused-norm core. The same text sits in layer_norm.cu and rms_norm.cu
+// (each file is compiled on its own with only common.cuh before it); CEN
+// selects LayerNorm (centre by the mean, beta, dbeta) or RMSNorm.
+// ===========================================================================
+#ifndef FG_NORM_CORE
+#define FG_NORM_CORE
+
+namespace fgn {
+
+typedef unsigned int u32;
+#define FGN_FULL 0xffffffffu
+
+// Tunables. Changing one changes no result bits except NV_FWD / nvb() (they
+// feed the host's tpr rule, and tpr fixes the summation order).
+constexpr int NV_FWD = 4;        // 16-byte chunks per thread held by the forward
+constexpr int RED_GROUPS = 4;    // most groups per block when tpr > 32
+constexpr int PF_BYTES = 16384;  // row bytes prefetched into L2 ahead of use
+constexpr int PF_MAX_ROWS = 8;   // at most this many rows ahead
+constexpr int BIG_U = 4;         // chunks per thread in flight on the big path
+
+// Chunks (16 bytes = VEC elements) per thread the backward holds: two
+// tensors (x, dy) plus the dgamma/dbeta accumulators stay within 64 registers.
+template <class T> __host__ __device__ constexpr int vec_of() { return 16 / (int)sizeof(T); }
+template <class T> __host__ __device__ constexpr int nvb() { return sizeof(T) == 2 ? 1 : 2; }
+
+// ---- IEEE operations one at a time (no FMA contraction), as the CPU does.
+__device__ __forceinline__ float add_(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float sub_(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double sub_(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float mul_(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float div_(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div_(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float sqrt_(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double sqrt_(double a) { return __dsqrt_rn(a); }
+
+__device__ __forceinline__ bool finite_(float a) { return fabsf(a) <= __int_as_float(0x7f7fffff); }
+__device__ __forceinline__ bool finite_(double a) {
+    return fabs(a) <= __longlong_as_double(0x7fefffffffffffffLL);
+}
+// Largest rstd the fast path is trusted with (scaled.rs rstd_limit):
+// 1/sqrt(MIN_POSITIVE / EPSILON^2) = 2^40 (f32), 2^459 (f64).
+__device__ __forceinline__ float rstd_limit(float) { return __int_as_float((127 + 40) << 23); }
+__device__ __forceinline__ double rstd_limit(double) {
+    return __longlong_as_double((long long)(1023 + 459) << 52);
+}
+__device__ __forceinline__ float min_normal(float) { return __int_as_float(1 << 23); }
+__device__ __forceinline__ double min_normal(double) { return __longlong_as_double(1LL << 52); }
+
+// scaled.rs `trusted`: mean finite and 0 < rstd <= limit (false for NaN).
+template <class A> __device__ __forceinline__ bool trusted(A mean, A rstd) {
+    return finite_(mean) & (rstd > (A)0) & (rstd <= rstd_limit(rstd));
+}
+
+// max that propagates NaN (fmax drops it): used for max|x| and the
+// finiteness test of a row in one reduction.
+template <class A> __device__ __forceinline__ A nan_max(A a, A b) {
+    return (b > a || b != b) ? b : a;
+}
+
+// ---- 2^k scaling in f64, exactly as scaled.rs (`pow2`, `scale`, `exponent`).
+__device__ __forceinline__ double pow2(int k) {
+    return __longlong_as_double((long long)(k + 1023) << 52);
+}
+__device__ __forceinline__ double scale(double v, int k) {
+    while (k > 1000) { v = __dmul_rn(v, pow2(1000)); k -= 1000; }
+    while (k < -1000) { v = __dmul_rn(v, pow2(-1000)); k += 1000; }
+    return __dmul_rn(v, pow2(k));
+}
+__device__ __forceinline__ int exponent(double m) {
+    int lift = 0;
+    if (((__double_as_longlong(m) >> 52) & 0x7ff) == 0) { m = __dmul_rn(m, pow2(64)); lift = 64; }
+    return (int)((__double_as_longlong(m) >> 52) & 0x7ff) - 1023 - lift;
+}
+
+// f64 -> T rounded once to nearest even (T::from_f64): for 16-bit types via
+// a round-to-odd float (exact double rounding: float keeps >= 13 more bits).
+__device__ __forceinline__ float odd_float(double v) {
+    float f = __double2float_rz(v);
+    if ((double)f != v && f == f) f = __int_as_float(__float_as_int(f) | 1);
+    return f;
+}
+template <class T> __device__ __forceinline__ T from_f64(double v);
+template <> __device__ __forceinline__ float from_f64<float>(double v) { return __double2float_rn(v); }
+template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
+template <> __device__ __forceinline__ f16 from_f64<f16>(double v) { return from_acc<f16>(odd_float(v)); }
+template <> __device__ __forceinline__ bf16 from_f64<bf16>(double v) { return from_acc<bf16>(odd_float(v)); }
+__device__ __forceinline__ float acc_of(double v, float) { return __double2float_rn(v); }
+__device__ __forceinline__ double acc_of(double v, double) { return v; }
+
+// ---- Elements held as raw 32-bit words: a 16-byte chunk is u32[4].
+template <class T> struct Raw;
+template <> struct Raw<float> {
+    static __device__ __forceinline__ float get(const u32 *w, int e) { return __uint_as_float(w[e]); }
+    static __device__ __forceinline__ void put(u32 *w, int e, float v) { w[e] = __float_as_uint(v); }
+};
+template <> struct Raw<double> {
+    static __device__ __forceinline__ double get(const u32 *w, int e) {
+        return __hiloint2double((int)w[2 * e + 1], (int)w[2 * e]);
+    }
+    static __device__ __forceinline__ void put(u32 *w, int e, double v) {
+        w[2 * e] = (u32)__double2loint(v);
+        w[2 * e + 1] = (u32)__double2hiint(v);
+    }
+};
+template <class H> struct Raw16 {
+    static __device__ __forceinline__ float get(const u32 *w, int e) {
+        H h;
+        h.bits = (unsigned short)(w[e >> 1] >> ((e & 1) * 16));
+        return to_acc(h);
+    }
+    static __device__ __forceinline__ void put(u32 *w, int e, H v) {
+        const int s = (e & 1) * 16;
+        w[e >> 1] = (w[e >> 1] & ~(0xffffu << s)) | ((u32)v.bits << s);
+    }
+};
+template <> struct Raw<f16> : Raw16<f16> {};
+template <> struct Raw<bf16> : Raw16<bf16> {};
+// Element e of raw words as a T (its bits, unconverted).
+template <class T> __device__ __forceinline__ T raw_elem(const u32 *w, int e) {
+    if constexpr (sizeof(T) == 2) {
+        T v;
+        v.bits = (unsigned short)(w[e >> 1] >> ((e & 1) * 16));
+        return v;
+    } else {
+        return (T)Raw<T>::get(w, e);
+    }
+}
+__device__ __forceinline__ float abs_(float a) { return fabsf(a); }
+__device__ __forceinline__ double abs_(double a) { return fabs(a); }
+
+// ---- Which elements of a row a thread owns.
+// chunked (d % VEC == 0): chunk c = k*tpr + lane holds elements c*VEC + e;
+// interleaved (other d):  element (k*VEC + e)*tpr + lane, so that every
+// scalar access of a warp is coalesced. Both depend only on (d, tpr).
+struct Map {
+    i64 d;
+    int tpr, lane;
+    bool chunked;
+};
+template <class T> __device__ __forceinline__ i64 eidx(const Map &m, i64 k, int e) {
+    constexpr int VEC = vec_of<T>();
+    return m.chunked ? (k * m.tpr + m.lane) * VEC + e : (k * VEC + e) * m.tpr + m.lane;
+}
+__device__ __forceinline__ bool aligned16(const void *p) { return (((u64)p) & 15) == 0; }
+
+// Chunk k of row p into w (elements outside the row are left as they are).
+template <class T>
+__device__ __forceinline__ void load_chunk(u32 *w, const T *__restrict__ p, const Map &m, i64 k, bool vec) {
+    constexpr int VEC = vec_of<T>();
+    if (m.chunked) {
+        const i64 base = (k * m.tpr + m.lane) * VEC;
+        if (base < m.d) {
+            if (vec) {
+                const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p + base));
+                w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) Raw<T>::put(w, e, p[base + e]);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const i64 i = (k * VEC + e) * m.tpr + m.lane;
+            if (i < m.d) Raw<T>::put(w, e, p[i]);
+        }
+    }
+}
+template <class T>
+__device__ __forceinline__ void store_chunk(T *__restrict__ p, const u32 *w, const Map &m, i64 k, bool vec) {
+    constexpr int VEC = vec_of<T>();
+    if (m.chunked) {
+        const i64 base = (k * m.tpr + m.lane) * VEC;
+        if (base < m.d) {
+            if (vec) {
+                *reinterpret_cast<uint4 *>(p + base) = make_uint4(w[0], w[1], w[2], w[3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) p[base + e] = raw_elem<T>(w, e);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const i64 i = (k * VEC + e) * m.tpr + m.lane;
+            if (i < m.d) p[i] = raw_elem<T>(w, e);
+        }
+    }
+}
+__device__ __forceinline__ void zero4(u32 *w) { w[0] = w[1] = w[2] = w[3] = 0u; }
+
+// Rows ahead to prefetch, and the prefetch of one row's lines into L2 (the
+// team splits the 128-byte lines).
+__device__ __forceinline__ int pf_rows(i64 row_bytes) {
+    i64 a = (PF_BYTES + row_bytes - 1) / row_bytes;
+    return (int)(a < 1 ? 1 : (a > PF_MAX_ROWS ? PF_MAX_ROWS : a));
+}
+__device__ __forceinline__ void prefetch_row(const void *p, i64 bytes, int lane, int tpr) {
+    const u64 end = (u64)p + (u64)bytes;
+    for (u64 a = ((u64)p & ~(u64)127) + (u64)lane * 128; a < end; a += (u64)tpr * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+// ---- Team (the threads of one row) reductions in a fixed order.
+// tpr <= 32 (a power of two): xor butterfly inside the aligned lane group.
+// tpr > 32 (a multiple of 32): butterfly per warp, one value per warp into
+// shared memory, a named barrier for the group's threads only (id 1 + g),
+// then every warp butterflies the per-warp values (zero padded to 32).
+// Every thread of the team gets the same bits. Two scratch buffers are used
+// alternately, so one barrier per reduction suffices: a thread writes a
+// buffer again only after passing the next reduction's barrier, which every
+// reader of the buffer has reached after its reads.
+struct Red {
+    double *buf;  // [RED_GROUPS][2 phases][2 values][32]
+    int tpr, lane, g, phase;
+};
+__device__ __forceinline__ void named_bar(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+template <class A, int K, bool MAX> __device__ __forceinline__ void team_reduce(A (&v)[K], Red &r) {
+    const int top = r.tpr < 32 ? r.tpr : 32;
+    for (int o = top >> 1; o > 0; o >>= 1) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+            const A u = __shfl_xor_sync(FGN_FULL, v[j], o);
+            v[j] = MAX ? nan_max(v[j], u) : v[j] + u;
+        }
+    }
+    if (r.tpr <= 32) return;
+    double *s = r.buf + (r.g * 2 + r.phase) * 64;
+    r.phase ^= 1;
+    const int l = r.lane & 31, w = r.lane >> 5, nw = r.tpr >> 5;
+    if (l == 0) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) s[j * 32 + w] = (double)v[j];
+    }
+    named_bar(1 + r.g, r.tpr);
+#pragma unroll
+    for (int j = 0; j < K; ++j) v[j] = l < nw ? (A)s[j * 32 + l] : (A)0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+            const A u = __shfl_xor_sync(FGN_FULL, v[j], o);
+            v[j] = MAX ? nan_max(v[j], u) : v[j] + u;
+        }
+    }
+}
+template <class A> __device__ __forceinline__ A team_sum(A v, Red &r) {
+    A a[1] = {v};
+    team_reduce<A, 1, false>(a, r);
+    return a[0];
+}
+
+// ---- The scaled fallback (scaled.rs RowNorm): xhat = (x 2^kx - shift) r,
+// rstd = r 2^kout, all in f64. `sum_over(f)` is the team sum of f(x) over the
+// row's elements (x widened to f64 exactly).
+struct RowNorm {
+    int kx, kout;
+    double shift, r;
+    __device__ __forceinline__ double xhat(double v) const {
+        return __dmul_rn(__dsub_rn(scale(v, kx), shift), r);
+    }
+    __device__ __forceinline__ double mean() const { return scale(shift, -kx); }
+    __device__ __forceinline__ double rstd() const { return scale(r, kout); }
+};
+template <bool CEN, class SumF>
+__device__ __forceinline__ RowNorm row_norm(SumF sum_over, double x0, double amax, double d, double eps) {
+    const int k = (amax > 0.0 && finite_(amax)) ? -exponent(amax) : 0;
+    const double z0 = scale(x0, k);
+    double mean_z = 0.0;
+    if (CEN) mean_z = __dadd_rn(z0, __ddiv_rn(sum_over([&](double v) { return __dsub_rn(scale(v, k), z0); }), d));
+    const double var_z = __ddiv_rn(sum_over([&](double v) {
+                                       const double e = __dsub_rn(scale(v, k), mean_z);
+                                       return __dmul_rn(e, e);
+                                   }),
+                                   d);
+    const double eps_z = scale(eps, 2 * k);
+    RowNorm rn;
+    if (finite_(eps_z) && var_z > 0.0) {
+        rn.kx = k; rn.shift = mean_z; rn.kout = k;
+        rn.r = __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var_z, eps_z)));
+    } else {
+        // eps dwarfs var (or the row is constant): unscaled.
+        rn.kx = 0; rn.shift = scale(mean_z, -k); rn.kout = 0;
+        rn.r = __ddiv_rn(1.0, __dsqrt_rn(eps));
+    }
+    return rn;
+}
+
+// ---- Per-kernel setup shared by forward and backward.
+struct Geo {
+    Map m;
+    Red r;
+    int G;      // groups (rows in flight) per block
+    i64 P;      // ranges of rows_per_range rows
+    i64 K;      // chunks per thread on the big path
+    int ahead;  // rows prefetched ahead (held path)
+};
+template <class T>
+__device__ __forceinline__ Geo setup(double *red, i64 n, i64 d, int tpr, i64 rpr) {
+    constexpr int VEC = vec_of<T>();
+    Geo g;
+    g.r.buf = red;
+    g.r.tpr = tpr;
+    g.r.lane = (int)(threadIdx.x % (unsigned)tpr);
+    g.r.g = (int)(threadIdx.x / (unsigned)tpr);
+    g.r.phase = 0;
+    g.m.d = d;
+    g.m.tpr = tpr;
+    g.m.lane = g.r.lane;
+    g.m.chunked = (d % VEC) == 0;
+    g.G = (int)(blockDim.x / (unsigned)tpr);
+    g.P = (n + rpr - 1) / rpr;
+    const i64 c = (d + VEC - 1) / VEC;
+    g.K = (c + tpr - 1) / tpr;
+    g.ahead = pf_rows(d * (i64)sizeof(T));
+    return g;
+}
+
+// Prefetch for row `row` (i-th of its range): at the range's first row the
+// rows up to `ahead` on, later the row `ahead` on; never past the range.
+__device__ __forceinline__ void prefetch_ahead(const void *base, i64 row_bytes, i64 row, i64 i,
+                                               i64 rpr, i64 n, const Geo &g) {
+    const char *b = (const char *)base;
+    for (int a = (i == 0 ? 1 : g.ahead); a <= g.ahead; ++a) {
+        if (i + a < rpr && row + a < n) prefetch_row(b + (row + a) * row_bytes, row_bytes, g.m.lane, g.m.tpr);
+    }
+}
+
+// ===========================================================================
+// Forward
+// ===========================================================================
+
+// Writes y for a row from its statistics, and optional gamma/beta, chunk by
+// chunk; `get(k, e)` gives element (k, e) of x widened.
+template <class T, bool CEN, class GetX>
+__device__ __forceinline__ void fwd_out_chunk(T *__restrict__ yr, const T *__restrict__ gamma,
+                                              const T *__restrict__ beta, const Map &m, i64 k, bool vec,
+                                              acc_t<T> mean, acc_t<T> rstd, GetX get) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    u32 gw[4], bw[4], ow[4];
+    zero4(gw); zero4(bw); zero4(ow);
+    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
+    if (CEN && beta) load_chunk<T>(bw, beta, m, k, vec);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        if (eidx<T>(m, k, e) < m.d) {
+            const A v = get(e);
+            A t = CEN ? mul_(sub_(v, mean), rstd) : mul_(v, rstd);
+            if (gamma) t = mul_(t, Raw<T>::get(gw, e));
+            if (CEN && beta) t = add_(t, Raw<T>::get(bw, e));
+            Raw<T>::put(ow, e, from_acc<T>(t));
+        }
+    }
+    store_chunk<T>(yr, ow, m, k, vec);
+}
+// The same from the scaled fallback, in f64 (scaled.rs forward_rows: absent
+// gamma is 1.0, absent beta 0.0).
+template <class T, bool CEN, class GetX>
+__device__ __forceinline__ void fwd_out_chunk_scaled(T *__restrict__ yr, const T *__restrict__ gamma,
+                                                     const T *__restrict__ beta, const Map &m, i64 k,
+                                                     bool vec, const RowNorm &rn, GetX get) {
+    constexpr int VEC = vec_of<T>();
+    u32 gw[4], bw[4], ow[4];
+    zero4(gw); zero4(bw); zero4(ow);
+    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
+    if (CEN && beta) load_chunk<T>(bw, beta, m, k, vec);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        if (eidx<T>(m, k, e) < m.d) {
+            const double gd = gamma ? (double)Raw<T>::get(gw, e) : 1.0;
+            const double bd = (CEN && beta) ? (double)Raw<T>::get(bw, e) : 0.0;
+            const double t = __dadd_rn(__dmul_rn(rn.xhat((double)get(e)), gd), bd);
+            Raw<T>::put(ow, e, from_f64<T>(t));
+        }
+    }
+    store_chunk<T>(yr, ow, m, k, vec);
+}
+
+// One row, held in registers (d <= NV_FWD * VEC * tpr).
+template <class T, bool CEN>
+__device__ __forceinline__ void fwd_row_held(const T *__restrict__ x, const T *__restrict__ gamma,
+                                             const T *__restrict__ beta, T *__restrict__ y,
+                                             acc_t<T> *__restrict__ mean_out, acc_t<T> *__restrict__ rstd_out,
+                                             i64 row, bool valid, acc_t<T> eps, bool vec, Geo &g) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>(), NV = NV_FWD;
+    const Map &m = g.m;
+    const i64 d = m.d;
+    const T *xr = x + row * d;
+    u32 w[NV][4];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        zero4(w[k]);
+        if (valid) load_chunk<T>(w[k], xr, m, k, vec);
+    }
+    A x0 = 0, mean = 0;
+    if (CEN) {
+        if (valid) x0 = to_acc(xr[0]);
+        A s = 0;
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e)
+                if (eidx<T>(m, k, e) < d) s = add_(s, sub_(Raw<T>::get(w[k], e), x0));
+        s = team_sum(s, g.r);
+        mean = add_(x0, div_(s, (A)d));
+    }
+    A q = 0;
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            if (eidx<T>(m, k, e) < d) {
+                const A c = CEN ? sub_(Raw<T>::get(w[k], e), mean) : Raw<T>::get(w[k], e);
+                q = add_(q, mul_(c, c));
+            }
+    q = team_sum(q, g.r);
+    A rstd = div_((A)1, sqrt_(add_(div_(q, (A)d), eps)));
+    T *yr = y + row * d;
+
+    // Out of the trusted range: if the row is finite, the scaled fallback.
+    // The vote keeps every lane of a warp in the reductions below.
+    const bool slow = valid && !trusted(mean, rstd);
+    bool done = false;
+    if (__any_sync(FGN_FULL, slow)) {
+        A am[1] = {0};
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e)
+                if (eidx<T>(m, k, e) < d) am[0] = nan_max(am[0], abs_(Raw<T>::get(w[k], e)));
+        team_reduce<A, 1, true>(am, g.r);
+        const bool scaled = slow && finite_(am[0]);
+        if (__any_sync(FGN_FULL, scaled)) {
+            auto sum_over = [&](auto f) -> double {
+                double s = 0.0;
+#pragma unroll
+                for (int k = 0; k < NV; ++k)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e)
+                        if (eidx<T>(m, k, e) < d) s = __dadd_rn(s, f((double)Raw<T>::get(w[k], e)));
+                return team_sum(s, g.r);
+            };
+            const RowNorm rn = row_norm<CEN>(sum_over, (double)x0, (double)am[0], (double)d, (double)eps);
+            if (scaled) {
+#pragma unroll
+                for (int k = 0; k < NV; ++k)
+                    fwd_out_chunk_scaled<T, CEN>(yr, gamma, beta, m, k, vec, rn,
+                                                 [&](int e) { return Raw<T>::get(w[k], e); });
+                mean = acc_of(rn.mean(), mean);
+                rstd = acc_of(rn.rstd(), rstd);
+                done = true;
+            }
+        }
+    }
+    if (valid && !done) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+            fwd_out_chunk<T, CEN>(yr, gamma, beta, m, k, vec, mean, rstd,
+                                  [&](int e) { return Raw<T>::get(w[k], e); });
+    }
+    if (valid && m.lane == 0) {
+        if (CEN) mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+}
+
+// Streams the thread's chunks of row p, BIG_U loads in flight:
+// f(k, w) for each chunk k < kn.
+template <class T, class F>
+__device__ __forceinline__ void stream1(const T *__restrict__ p, const Map &m, i64 kn, bool vec, F f) {
+    for (i64 k0 = 0; k0 < kn; k0 += BIG_U) {
+        u32 w[BIG_U][4];
+#pragma unroll
+        for (int u = 0; u < BIG_U; ++u) {
+            zero4(w[u]);
+            if (k0 + u < kn) load_chunk<T>(w[u], p, m, k0 + u, vec);
+        }
+#pragma unroll
+        for (int u = 0; u < BIG_U; ++u)
+            if (k0 + u < kn) f(k0 + u, w[u]);
+    }
+}
+template <class T, class F>
+__device__ __forceinline__ void stream2(const T *__restrict__ p, const T *__restrict__ q, const Map &m, i64 kn,
+                                        bool vec, F f) {
+    for (i64 k0 = 0; k0 < kn; k0 += BIG_U) {
+        u32 a[BIG_U][4], b[BIG_U][4];
+#pragma unroll
+        for (int u = 0; u < BIG_U; ++u) {
+            zero4(a[u]);
+            zero4(b[u]);
+            if (k0 + u < kn) {
+                load_chunk<T>(a[u], p, m, k0 + u, vec);
+                load_chunk<T>(b[u], q, m, k0 + u, vec);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < BIG_U; ++u)
+            if (k0 + u < kn) f(k0 + u, a[u], b[u]);
+    }
+}
+
+// One row too long to hold: each pass reads it again (from L2 for rows that
+// fit there). Same arithmetic, same order as the held path.
+template <class T, bool CEN>
+__device__ __forceinline__ void fwd_row_big(const T *__restrict__ x, const T *__restrict__ gamma,
+                                            const T *__restrict__ beta, T *__restrict__ y,
+                                            acc_t<T> *__restrict__ mean_out, acc_t<T> *__restrict__ rstd_out,
+                                            i64 row, bool valid, acc_t<T> eps, bool vec, Geo &g) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    const Map &m = g.m;
+    const i64 d = m.d, kn = valid ? g.K : 0;
+    const T *xr = x + row * d;
+    A x0 = 0, mean = 0;
+    if (CEN) {
+        if (valid) x0 = to_acc(xr[0]);
+        A s = 0;
+        stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e)
+                if (eidx<T>(m, k, e) < d) s = add_(s, sub_(Raw<T>::get(w, e), x0));
+        });
+        s = team_sum(s, g.r);
+        mean = add_(x0, div_(s, (A)d));
+    }
+    A q = 0;
+    stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            if (eidx<T>(m, k, e) < d) {
+                const A c = CEN ? sub_(Raw<T>::get(w, e), mean) : Raw<T>::get(w, e);
+                q = add_(q, mul_(c, c));
+            }
+    });
+    q = team_sum(q, g.r);
+    A rstd = div_((A)1, sqrt_(add_(div_(q, (A)d), eps)));
+    T *yr = y + row * d;
+
+    const bool slow = valid && !trusted(mean, rstd);
+    bool done = false;
+    if (__any_sync(FGN_FULL, slow)) {
+        A am[1] = {0};
+        stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e)
+                if (eidx<T>(m, k, e) < d) am[0] = nan_max(am[0], abs_(Raw<T>::get(w, e)));
+        });
+        team_reduce<A, 1, true>(am, g.r);
+        const bool scaled = slow && finite_(am[0]);
+        if (__any_sync(FGN_FULL, scaled)) {
+            auto sum_over = [&](auto f) -> double {
+                double s = 0.0;
+                stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e)
+                        if (eidx<T>(m, k, e) < d) s = __dadd_rn(s, f((double)Raw<T>::get(w, e)));
+                });
+                return team_sum(s, g.r);
+            };
+            const RowNorm rn = row_norm<CEN>(sum_over, (double)x0, (double)am[0], (double)d, (double)eps);
+            if (scaled) {
+                stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
+                    fwd_out_chunk_scaled<T, CEN>(yr, gamma, beta, m, k, vec, rn,
+                                                 [&](int e) { return Raw<T>::get(w, e); });
+                });
+                mean = acc_of(rn.mean(), mean);
+                rstd = acc_of(rn.rstd(), rstd);
+                done = true;
+            }
+        }
+    }
+    if (valid && !done) {
+        stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
+            fwd_out_chunk<T, CEN>(yr, gamma, beta, m, k, vec, mean, rstd,
+                                  [&](int e) { return Raw<T>::get(w, e); });
+        });
+    }
+    if (valid && m.lane == 0) {
+        if (CEN) mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+}
+
+template <class T, bool CEN>
+__device__ __forceinline__ void forward(const T *__restrict__ x, const T *__restrict__ gamma,
+                                        const T *__restrict__ beta, T *__restrict__ y,
+                                        acc_t<T> *__restrict__ mean_out, acc_t<T> *__restrict__ rstd_out, i64 n,
+                                        i64 d, int tpr, i64 rpr, double eps_in) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    __shared__ double red[RED_GROUPS * 2 * 64];
+    Geo g = setup<T>(red, n, d, tpr, rpr);
+    const bool vec = g.m.chunked && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
+    const A eps = (A)eps_in;
+    const bool held = (i64)NV_FWD * VEC * tpr >= d;
+    const i64 row_bytes = d * (i64)sizeof(T);
+    for (i64 rb = blockIdx.x; rb * g.G < g.P; rb += gridDim.x) {
+        const i64 first = (rb * g.G + g.r.g) * rpr;
+        for (i64 i = 0; i < rpr; ++i) {
+            const i64 row = first + i;
+            const bool valid = row < n;
+            if (held) {
+                if (valid) prefetch_ahead(x, row_bytes, row, i, rpr, n, g);
+                fwd_row_held<T, CEN>(x, gamma, beta, y, mean_out, rstd_out, row, valid, eps, vec, g);
+            } else {
+                fwd_row_big<T, CEN>(x, gamma, beta, y, mean_out, rstd_out, row, valid, eps, vec, g);
+            }
+        }
+    }
+}
+
+// ===========================================================================
+// Backward
+// ===========================================================================
+
+// Per-row sums and the decision between the fast path and the scaled one.
+template <class A> struct BwdRow {
+    A m, rs, mg, mgx;   // saved mean (0 for RMSNorm) and rstd; <g>, <g xhat>
+    bool scaled;        // this row runs in f64 from its own statistics
+    RowNorm rn;
+    double mgd, mgxd;   // <g>, <g xhat> of the scaled path
+};
+
+// One element's fast-path terms: xhat, g = dy gamma.
+template <bool CEN, class A>
+__device__ __forceinline__ void fast_terms(A xv, A dv, A gv, bool has_g, A m, A rs, A &xh, A &gg) {
+    xh = CEN ? mul_(sub_(xv, m), rs) : mul_(xv, rs);
+    gg = has_g ? mul_(dv, gv) : dv;
+}
+
+// Output pass of one chunk: dx (if dx) and the partial terms
+// pg += dy xhat, pb += dy (if P).
+template <class T, bool CEN, class PG>
+__device__ __forceinline__ void bwd_out_chunk(T *__restrict__ dxr, const T *__restrict__ gamma, const Map &m,
+                                              i64 k, bool vec, const u32 *xw, const u32 *dw,
+                                              const BwdRow<acc_t<T>> &b, bool want_dx, PG add_part) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    u32 gw[4], ow[4];
+    zero4(gw); zero4(ow);
+    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        if (eidx<T>(m, k, e) < m.d) {
+            const A xv = Raw<T>::get(xw, e), dv = Raw<T>::get(dw, e);
+            if (b.scaled) {
+                const double gd = gamma ? (double)Raw<T>::get(gw, e) : 1.0;
+                const double h = b.rn.xhat((double)xv), dd = (double)dv, gg = __dmul_rn(dd, gd);
+                if (want_dx) {
+                    const double t = __dmul_rn(b.rn.r, __dsub_rn(__dsub_rn(gg, b.mgd), __dmul_rn(h, b.mgxd)));
+                    Raw<T>::put(ow, e, from_f64<T>(scale(t, b.rn.kout)));
+                }
+                add_part(e, acc_of(__dmul_rn(dd, h), xv), dv);
+            } else {
+                A xh, gg;
+                fast_terms<CEN>(xv, dv, Raw<T>::get(gw, e), gamma != nullptr, b.m, b.rs, xh, gg);
+                if (want_dx) {
+                    const A t = CEN ? sub_(sub_(gg, b.mg), mul_(xh, b.mgx)) : sub_(gg, mul_(xh, b.mgx));
+                    Raw<T>::put(ow, e, from_acc<T>(mul_(b.rs, t)));
+                }
+                add_part(e, mul_(dv, xh), dv);
+            }
+        }
+    }
+    if (want_dx) store_chunk<T>(dxr, ow, m, k, vec);
+}
+
+// After pass A (sums s1 = sum g, s2 = sum g xhat, team-reduced): the means,
+// and the scaled fallback where the saved statistics are out of range or the
+// fast sums overflowed and the row of x is finite. `sum_x(f)` and
+// `sum_xd(f)` are team sums of f(x) and f(x, dy) over the row in f64.
+template <bool CEN, class A, class SumX, class SumXD, class MaxX>
+__device__ __forceinline__ void bwd_decide(BwdRow<A> &b, A s1, A s2, bool valid, const A x0, i64 d,
+                                           double eps, SumX sum_x, SumXD sum_xd, MaxX max_x, Red &r) {
+    if (CEN) {
+        const A inv_d = div_((A)1, (A)d);
+        b.mg = mul_(s1, inv_d);
+        b.mgx = mul_(s2, inv_d);
+    } else {
+        b.mg = 0;
+        b.mgx = div_(s2, (A)d);
+    }
+    b.scaled = false;
+    b.mgd = b.mgxd = 0.0;
+    const bool ok = finite_(b.m) && b.rs >= min_normal(b.rs) && b.rs <= rstd_limit(b.rs) && finite_(s1) &&
+                    finite_(s2);
+    const bool slow = valid && !ok;
+    if (__any_sync(FGN_FULL, slow)) {
+        A am[1] = {max_x()};
+        team_reduce<A, 1, true>(am, r);
+        const bool sc = slow && finite_(am[0]);
+        if (__any_sync(FGN_FULL, sc)) {
+            const RowNorm rn = row_norm<CEN>(sum_x, (double)x0, (double)am[0], (double)d, eps);
+            double s[2] = {0.0, 0.0};
+            sum_xd(rn, s);
+            team_reduce<double, 2, false>(s, r);
+            if (sc) {
+                const double inv_d = __ddiv_rn(1.0, (double)d);
+                b.scaled = true;
+                b.rn = rn;
+                b.mgd = CEN ? __dmul_rn(s[0], inv_d) : 0.0;
+                b.mgxd = __dmul_rn(s[1], inv_d);
+            }
+        }
+    }
+}
+
+// f64 sums of the scaled path for one chunk: s[0] += g, s[1] += g xhat.
+template <class T>
+__device__ __forceinline__ void scaled_sums_chunk(const T *__restrict__ gamma, const Map &m, i64 k, bool vec,
+                                                  const u32 *xw, const u32 *dw, const RowNorm &rn, double *s) {
+    constexpr int VEC = vec_of<T>();
+    u32 gw[4];
+    zero4(gw);
+    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        if (eidx<T>(m, k, e) < m.d) {
+            const double gd = gamma ? (double)Raw<T>::get(gw, e) : 1.0;
+            const double h = rn.xhat((double)Raw<T>::get(xw, e));
+            const double gg = __dmul_rn((double)Raw<T>::get(dw, e), gd);
+            s[0] = __dadd_rn(s[0], gg);
+            s[1] = __dadd_rn(s[1], __dmul_rn(gg, h));
+        }
+    }
+}
+
+// Fast-path sums for one chunk: s1 += g, s2 += g xhat.
+template <class T, bool CEN>
+__device__ __forceinline__ void fast_sums_chunk(const T *__restrict__ gamma, const Map &m, i64 k, bool vec,
+                                                const u32 *xw, const u32 *dw, acc_t<T> mm, acc_t<T> rs,
+                                                acc_t<T> &s1, acc_t<T> &s2) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    u32 gw[4];
+    zero4(gw);
+    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        if (eidx<T>(m, k, e) < m.d) {
+            A xh, gg;
+            fast_terms<CEN>(Raw<T>::get(xw, e), Raw<T>::get(dw, e), Raw<T>::get(gw, e), gamma != nullptr, mm, rs,
+                            xh, gg);
+            if (CEN) s1 = add_(s1, gg);
+            s2 = add_(s2, mul_(gg, xh));
+        }
+    }
+}
+
+// One row held in registers; pg/pb are this thread's partial accumulators.
+template <class T, bool CEN>
+__device__ __forceinline__ void bwd_row_held(const T *__restrict__ x, const T *__restrict__ dy,
+                                             const T *__restrict__ gamma, const acc_t<T> *__restrict__ mean_in,
+                                             const acc_t<T> *__restrict__ rstd_in, T *__restrict__ dx, bool want_p,
+                                             i64 row, bool valid, double eps, bool vec, Geo &g,
+                                             acc_t<T> (&pg)[nvb<T>()][vec_of<T>()],
+                                             acc_t<T> (&pb)[nvb<T>()][vec_of<T>()]) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>(), NV = nvb<T>();
+    const Map &m = g.m;
+    const i64 d = m.d;
+    const T *xr = x + row * d, *dr = dy + row * d;
+    u32 xw[NV][4], dw[NV][4];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        zero4(xw[k]);
+        zero4(dw[k]);
+        if (valid) {
+            load_chunk<T>(xw[k], xr, m, k, vec);
+            load_chunk<T>(dw[k], dr, m, k, vec);
+        }
+    }
+    BwdRow<A> b;
+    b.m = (CEN && valid) ? mean_in[row] : (A)0;
+    b.rs = valid ? rstd_in[row] : (A)1;
+    A s[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < NV; ++k) fast_sums_chunk<T, CEN>(gamma, m, k, vec, xw[k], dw[k], b.m, b.rs, s[0], s[1]);
+    team_reduce<A, 2, false>(s, g.r);
+    const A x0 = (CEN && valid) ? to_acc(xr[0]) : (A)0;
+    bwd_decide<CEN>(
+        b, s[0], s[1], valid, x0, d, eps,
+        [&](auto f) -> double {
+            double t = 0.0;
+#pragma unroll
+            for (int k = 0; k < NV; ++k)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    if (eidx<T>(m, k, e) < d) t = __dadd_rn(t, f((double)Raw<T>::get(xw[k], e)));
+            return team_sum(t, g.r);
+        },
+        [&](const RowNorm &rn, double *t) {
+#pragma unroll
+            for (int k = 0; k < NV; ++k) scaled_sums_chunk<T>(gamma, m, k, vec, xw[k], dw[k], rn, t);
+        },
+        [&]() -> A {
+            A a = 0;
+#pragma unroll
+            for (int k = 0; k < NV; ++k)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    if (eidx<T>(m, k, e) < d) a = nan_max(a, abs_(Raw<T>::get(xw[k], e)));
+            return a;
+        },
+        g.r);
+    if (!valid) return;
+    T *dxr = dx + row * d;
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+        bwd_out_chunk<T, CEN>(dxr, gamma, m, k, vec, xw[k], dw[k], b, dx != nullptr, [&](int e, A tg, A tb) {
+            if (want_p) {
+                pg[k][e] = add_(pg[k][e], tg);
+                if (CEN) pb[k][e] = add_(pb[k][e], tb);
+            }
+        });
+}
+
+// One row too long to hold: pass A, the decision, then pass B reading x and
+// dy again, which adds the terms straight into the range's partial row in
+// global memory (stored, not added, at the range's first row).
+template <class T, bool CEN>
+__device__ __forceinline__ void bwd_row_big(const T *__restrict__ x, const T *__restrict__ dy,
+                                            const T *__restrict__ gamma, const acc_t<T> *__restrict__ mean_in,
+                                            const acc_t<T> *__restrict__ rstd_in, T *__restrict__ dx,
+                                            acc_t<T> *__restrict__ prow, bool first, i64 row, bool valid,
+                                            double eps, bool vec, Geo &g) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    const Map &m = g.m;
+    const i64 d = m.d, kn = valid ? g.K : 0;
+    const T *xr = x + row * d, *dr = dy + row * d;
+    BwdRow<A> b;
+    b.m = (CEN && valid) ? mean_in[row] : (A)0;
+    b.rs = valid ? rstd_in[row] : (A)1;
+    A s[2] = {0, 0};
+    stream2<T>(xr, dr, m, kn, vec, [&](i64 k, const u32 *xw, const u32 *dw) {
+        fast_sums_chunk<T, CEN>(gamma, m, k, vec, xw, dw, b.m, b.rs, s[0], s[1]);
+    });
+    team_reduce<A, 2, false>(s, g.r);
+    const A x0 = (CEN && valid) ? to_acc(xr[0]) : (A)0;
+    bwd_decide<CEN>(
+        b, s[0], s[1], valid, x0, d, eps,
+        [&](auto f) -> double {
+            double t = 0.0;
+            stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    if (eidx<T>(m, k, e) < d) t = __dadd_rn(t, f((double)Raw<T>::get(w, e)));
+            });
+            return team_sum(t, g.r);
+        },
+        [&](const RowNorm &rn, double *t) {
+            stream2<T>(xr, dr, m, kn, vec, [&](i64 k, const u32 *xw, const u32 *dw) {
+                scaled_sums_chunk<T>(gamma, m, k, vec, xw, dw, rn, t);
+            });
+        },
+        [&]() -> A {
+            A a = 0;
+            stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    if (eidx<T>(m, k, e) < d) a = nan_max(a, abs_(Raw<T>::get(w, e)));
+            });
+            return a;
+        },
+        g.r);
+    if (!valid) return;
+    T *dxr = dx + row * d;
+    stream2<T>(xr, dr, m, kn, vec, [&](i64 k, const u32 *xw, const u32 *dw) {
+        bwd_out_chunk<T, CEN>(dxr, gamma, m, k, vec, xw, dw, b, dx != nullptr, [&](int e, A tg, A tb) {
+            if (prow) {
+                const i64 j = eidx<T>(m, k, e);
+                prow[j] = first ? tg : add_(prow[j], tg);
+                if (CEN) prow[d + j] = first ? tb : add_(prow[d + j], tb);
+            }
+        });
+    });
+}
+
+template <class T, bool CEN>
+__device__ __forceinline__ void backward(const T *__restrict__ x, const T *__restrict__ dy,
+                                         const T *__restrict__ gamma, const acc_t<T> *__restrict__ mean_in,
+                                         const acc_t<T> *__restrict__ rstd_in, T *__restrict__ dx,
+                                         acc_t<T> *__restrict__ part, i64 n, i64 d, int tpr, i64 rpr,
+                                         double eps_in) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>(), NV = nvb<T>();
+    __shared__ double red[RED_GROUPS * 2 * 64];
+    Geo g = setup<T>(red, n, d, tpr, rpr);
+    const bool vec = g.m.chunked && aligned16(x) && aligned16(dy) && aligned16(gamma) && aligned16(dx);
+    // eps as the CPU's scaled path sees it: the acc_t value, widened.
+    const double eps = (double)(A)eps_in;
+    const bool held = (i64)NV * VEC * tpr >= d;
+    const bool want_p = part != nullptr;
+    const i64 W = CEN ? 2 * d : d;
+    const i64 row_bytes = d * (i64)sizeof(T);
+    for (i64 rb = blockIdx.x; rb * g.G < g.P; rb += gridDim.x) {
+        const i64 r = rb * g.G + g.r.g;
+        const i64 first = r * rpr;
+        A pg[NV][VEC], pb[NV][VEC];
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) pg[k][e] = pb[k][e] = 0;
+        for (i64 i = 0; i < rpr; ++i) {
+            const i64 row = first + i;
+            const bool valid = row < n;
+            if (held) {
+                if (valid) {
+                    prefetch_ahead(x, row_bytes, row, i, rpr, n, g);
+                    prefetch_ahead(dy, row_bytes, row, i, rpr, n, g);
+                }
+                bwd_row_held<T, CEN>(x, dy, gamma, mean_in, rstd_in, dx, want_p, row, valid, eps, vec, g, pg, pb);
+            } else {
+                bwd_row_big<T, CEN>(x, dy, gamma, mean_in, rstd_in, dx, want_p && r < g.P ? part + r * W : nullptr,
+                                    i == 0, row, valid, eps, vec, g);
+            }
+        }
+        if (held && want_p && r < g.P) {
+            A *prow = part + r * W;
+#pragma unroll
+            for (int k = 0; k < NV; ++k)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const i64 j = eidx<T>(g.m, k, e);
+                    if (j < d) {
+                        prow[j] = pg[k][e];
+                        if (CEN) prow[d + j] = pb[k][e];
+                    }
+                }
+        }
+    }
+}
+
+// Column sums of the partial rows in a fixed order: slice s (of 8) adds rows
+// s, s+8, s+16, ... in order, then the 8 slice sums are added in order.
+template <class T, bool CEN>
+__device__ __forceinline__ void finalize(const acc_t<T> *__restrict__ part, T *__restrict__ dgamma,
+                                         T *__restrict__ dbeta, i64 nparts, i64 d) {
+    typedef acc_t<T> A;
+    __shared__ A sm[8][33];
+    const i64 W = CEN ? 2 * d : d;
+    const int lane = threadIdx.x & 31, sl = threadIdx.x >> 5;
+    for (i64 c0 = (i64)blockIdx.x * 32; c0 < W; c0 += (i64)gridDim.x * 32) {
+        const i64 col = c0 + lane;
+        A s = 0;
+        if (col < W) {
+            i64 p = sl;
+            for (; p + 24 < nparts; p += 32) {
+                const A a0 = part[p * W + col], a1 = part[(p + 8) * W + col];
+                const A a2 = part[(p + 16) * W + col], a3 = part[(p + 24) * W + col];
+                s = add_(add_(add_(add_(s, a0), a1), a2), a3);
+            }
+            for (; p < nparts; p += 8) s = add_(s, part[p * W + col]);
+        }
+        sm[sl][lane] = s;
+        __syncthreads();
+        if (sl == 0 && col < W) {
+            A t = sm[0][lane];
+#pragma unroll
+            for (int j = 1; j < 8; ++j) t = add_(t, sm[j][lane]);
+            if (col < d) {
+                if (dgamma) dgamma[col] = from_acc<T>(t);
+            } else if (CEN && dbeta) {
+                dbeta[col - d] = from_acc<T>(t);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace fgn
+#endif  // FG_NORM_CORE
+
+#define FG_LN_FWD(T, S)                                                                            \
+    extern "C" __global__ void __launch_bounds__(1024)                                             \
+        layer_norm_fwd_##S(const T *x, const T *gamma, const T *beta, T *y, acc_t<T> *mean,        \
+                           acc_t<T> *rstd, i64 n_rows, i64 d, int tpr, i64 rows_per_range,         \
+                           double eps) {                                                           \
+        fgn::forward<T, true>(x, gamma, beta, y, mean, rstd, n_rows, d, tpr, rows_per_range, eps); \
+    }
+FG_ALL_TYPES(FG_LN_FWD)
+
+#define FG_LN_BWD(T, S)                                                                           \
+    extern "C" __global__ void __launch_bounds__(1024)                                            \
+        layer_norm_bwd_##S(const T *x, const T *dy, const T *gamma, const acc_t<T> *mean,         \
+                           const acc_t<T> *rstd, T *dx, acc_t<T> *part, i64 n_rows, i64 d,        \
+                           int tpr, i64 rows_per_range, double eps) {                             \
+        fgn::backward<T, true>(x, dy, gamma, mean, rstd, dx, part, n_rows, d, tpr, rows_per_range, \
+                               eps);                                                              \
+    }
+FG_ALL_TYPES(FG_LN_BWD)
+
+#define FG_LN_FIN(T, S)                                                                            \
+    extern "C" __global__ void __launch_bounds__(256)                                              \
+        layer_norm_bwd_finalize_##S(const acc_t<T> *part, T *dgamma, T *dbeta, i64 n_parts, i64 d) { \
+        fgn::finalize<T, true>(part, dgamma, dbeta, n_parts, d);                                   \
+    }
+FG_ALL_TYPES(FG_LN_FIN)

@@ -1,0 +1,27 @@
+//! Dropout on a GPU (`kernels/dropout.cu`): the keep bits drawn on the
+//! host by the CPU's seeded generator, so both devices drop the same
+//! elements, applied with the scale.
+
+use crate::device::cuda::{blocks_for, cfg, launch};
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::tensor::{CudaBuf, Tensor};
+
+/// `x * scale` where the keep bit is set, else `x * 0`.
+pub(crate) fn apply<T: Element>(
+    x: &CudaBuf<T>,
+    shape: &[usize],
+    keep: &[u8],
+    scale: f64,
+) -> Result<Tensor<T>> {
+    let g = &x.gpu;
+    let n = x.len;
+    let mut y = g.uninit::<T>(n)?;
+    if n > 0 {
+        let k = g.upload(keep)?;
+        launch!(g, "dropout", g.function::<T>("dropout", "dropout")?,
+            cfg(blocks_for(n, 256), 256, 0);
+            &x.data, &k, &mut y, &(n as i64), &scale)?;
+    }
+    Tensor::from_cuda(shape, g.clone(), y)
+}
