@@ -456,7 +456,7 @@ impl<T: Element> Gradients<T> {
         }
         match self.grads.get(var.id) {
             Some(Some(g)) => Ok(g.clone()),
-            _ => Tensor::zeros(var.shape()),
+            _ => Tensor::zeros(var.shape())?.to_device(var.value.device()),
         }
     }
 }

@@ -396,6 +396,8 @@ fn kind(e: &Error) -> &'static str {
         Error::DeviceMismatch { .. } => "DeviceMismatch",
         Error::Weights { .. } => "Weights",
         Error::CudaUnavailable { .. } => "CudaUnavailable",
+        Error::Cuda { .. } => "Cuda",
+        Error::Unsupported { .. } => "Unsupported",
         Error::OutOfMemory { .. } => "OutOfMemory",
     }
 }

@@ -7,6 +7,8 @@
 mod activation;
 mod binary;
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod unary;
 
 pub use activation::*;
@@ -89,7 +91,7 @@ pub(crate) fn unary<T: Element>(k: Unary, x: &Tensor<T>) -> Result<Tensor<T>> {
     match x.storage() {
         Storage::Cpu(xs) => Tensor::from_buffer(x.shape(), cpu::unary(k, xs)),
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("elementwise")),
+        Storage::Cuda(xs) => cuda::unary(k, xs, x.shape(), x.shape()),
     }
 }
 
@@ -111,13 +113,15 @@ pub(crate) fn unary_to<T: Element>(
             rhs: shape.to_vec(),
         });
     }
-    let mut dst = output::<T>(op, shape)?;
     match x.storage() {
-        Storage::Cpu(xs) => cpu::unary_broadcast(k, xs, x.shape(), shape, &mut dst),
+        Storage::Cpu(xs) => {
+            let mut dst = output::<T>(op, shape)?;
+            cpu::unary_broadcast(k, xs, x.shape(), shape, &mut dst);
+            Tensor::from_buffer(shape, dst)
+        }
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("elementwise")),
+        Storage::Cuda(xs) => cuda::unary(k, xs, x.shape(), shape),
     }
-    Tensor::from_buffer(shape, dst)
 }
 
 /// `k(a, b)` elementwise with NumPy broadcasting.
@@ -133,21 +137,25 @@ pub(crate) fn binary<T: Element>(
     } else {
         Dims::from_vec(broadcast_shapes(op, a.shape(), b.shape())?)
     };
-    let mut dst = if *out == *a.shape() {
-        Buffer::take(a.numel())
-    } else if *out == *b.shape() {
-        Buffer::take(b.numel())
-    } else {
-        output::<T>(op, &out)?
-    };
     match (a.storage(), b.storage()) {
         (Storage::Cpu(x), Storage::Cpu(y)) => {
-            cpu::binary(k, (x, a.shape()), (y, b.shape()), &out, &mut dst)
+            let mut dst = if *out == *a.shape() {
+                Buffer::take(a.numel())
+            } else if *out == *b.shape() {
+                Buffer::take(b.numel())
+            } else {
+                output::<T>(op, &out)?
+            };
+            cpu::binary(k, (x, a.shape()), (y, b.shape()), &out, &mut dst);
+            Tensor::from_buffer(&out, dst)
         }
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("elementwise")),
+        (Storage::Cuda(x), Storage::Cuda(y)) => {
+            cuda::binary(k, (x, a.shape()), (y, b.shape()), &out)
+        }
+        #[cfg(feature = "cuda")]
+        _ => Err(mixed(op, a, b)),
     }
-    Tensor::from_buffer(&out, dst)
 }
 
 /// `(g b, g a)`: both gradients of `a b` when `g`, `a` and `b` share one
@@ -175,7 +183,11 @@ pub(crate) fn mul_grads<T: Element>(
             ))
         }
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("elementwise")),
+        (Storage::Cuda(gs), Storage::Cuda(x), Storage::Cuda(y)) => {
+            cuda::mul_grads(gs, x, y, g.shape())
+        }
+        #[cfg(feature = "cuda")]
+        _ => Err(mixed("mul", a, b)),
     }
 }
 
@@ -187,7 +199,7 @@ pub(crate) fn relu_forward<T: Element>(x: &Tensor<T>) -> Result<(Tensor<T>, Vec<
             Ok((Tensor::from_buffer(x.shape(), y)?, mask))
         }
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("elementwise")),
+        Storage::Cuda(xs) => cuda::relu_forward(xs, x.shape()),
     }
 }
 
@@ -196,7 +208,7 @@ pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &Tensor<T>) -> Result<Te
     match g.storage() {
         Storage::Cpu(gs) => Tensor::from_buffer(g.shape(), cpu::relu_backward(mask, gs)),
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("elementwise")),
+        Storage::Cuda(gs) => cuda::relu_backward(mask, gs, g.shape()),
     }
 }
 
@@ -204,6 +216,16 @@ pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &Tensor<T>) -> Result<Te
 /// input: its size is checked and its memory asked for fallibly.
 fn output<T: Element>(op: &'static str, shape: &[usize]) -> Result<Buffer<T>> {
     Ok(Buffer::from_vec(alloc_filled(op, shape, T::ZERO)?))
+}
+
+/// `DeviceMismatch` for `op` on `a` and `b`.
+#[cfg(feature = "cuda")]
+fn mixed<T: Element>(op: &'static str, a: &Tensor<T>, b: &Tensor<T>) -> Error {
+    Error::DeviceMismatch {
+        op,
+        lhs: a.device().to_string(),
+        rhs: b.device().to_string(),
+    }
 }
 
 /// Both operands on one device, or `DeviceMismatch` naming the op.

@@ -216,13 +216,6 @@ impl Gpu {
             .clone()
             .map_err(unavailable)
     }
-
-    /// Waits for every launched kernel (for timing and error reporting).
-    pub(crate) fn sync(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("cuStreamSynchronize", e))
-    }
 }
 
 /// A null device pointer, for optional kernel arguments.

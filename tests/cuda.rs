@@ -1,0 +1,254 @@
+//! Every op on the GPU against the CPU: forward values and the gradients of
+//! every input under a random cotangent, for f32, f64, f16 and bf16; two
+//! GPU runs give the same bits; mixed devices are errors. Without a GPU
+//! each test prints why it skipped.
+
+use fusegrad::mask::causal_mask;
+use fusegrad::rng::Rng;
+use fusegrad::{ops, Device, Element, Error, Result, Tape, Tensor, Var};
+
+/// The first GPU, or `None` after printing why there is none.
+fn gpu() -> Option<Device> {
+    match Device::Cuda(0).ensure_available() {
+        Ok(()) => Some(Device::Cuda(0)),
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+type OpFn<T> = fn(&[Var<T>]) -> Result<Var<T>>;
+
+/// An op under test: its input shapes, whether inputs must be positive
+/// (log, sqrt), and the op.
+struct Case<T: Element> {
+    name: &'static str,
+    shapes: Vec<Vec<usize>>,
+    positive: bool,
+    f: OpFn<T>,
+}
+
+fn case<T: Element>(name: &'static str, shapes: &[&[usize]], positive: bool, f: OpFn<T>) -> Case<T> {
+    Case {
+        name,
+        shapes: shapes.iter().map(|s| s.to_vec()).collect(),
+        positive,
+        f,
+    }
+}
+
+fn cases<T: Element>() -> Vec<Case<T>> {
+    vec![
+        case("add broadcast", &[&[4, 3, 5], &[3, 1]], false, |v| ops::add(&v[0], &v[1])),
+        case("sub", &[&[7, 9], &[7, 9]], false, |v| ops::sub(&v[0], &v[1])),
+        case("mul broadcast", &[&[2, 3, 4], &[4]], false, |v| ops::mul(&v[0], &v[1])),
+        case("mul same shape", &[&[33, 17], &[33, 17]], false, |v| ops::mul(&v[0], &v[1])),
+        case("div", &[&[5, 6], &[5, 6]], true, |v| ops::div(&v[0], &v[1])),
+        case("neg", &[&[10]], false, |v| ops::neg(&v[0])),
+        case("scalar ops", &[&[3, 8]], false, |v| {
+            ops::scalar_add(&ops::scalar_mul(&v[0], 1.5)?, -0.25)
+        }),
+        case("powi", &[&[40]], false, |v| ops::powi(&v[0], 3)),
+        case("sqrt", &[&[40]], true, |v| ops::sqrt(&v[0])),
+        case("rsqrt", &[&[40]], true, |v| ops::rsqrt(&v[0])),
+        case("exp", &[&[40]], false, |v| ops::exp(&v[0])),
+        case("log", &[&[40]], true, |v| ops::log(&v[0])),
+        case("tanh", &[&[40]], false, |v| ops::tanh(&v[0])),
+        case("sigmoid", &[&[40]], false, |v| ops::sigmoid(&v[0])),
+        case("relu", &[&[70]], false, |v| ops::relu(&v[0])),
+        case("gelu", &[&[40]], false, |v| ops::gelu(&v[0])),
+        case("gelu_tanh", &[&[40]], false, |v| ops::gelu_tanh(&v[0])),
+        case("sum", &[&[6, 7]], false, |v| ops::sum(&v[0])),
+        case("mean", &[&[6, 7]], false, |v| ops::mean(&v[0])),
+        case("sum_axes last", &[&[5, 300]], false, |v| ops::sum_axes(&v[0], &[-1], false)),
+        case("sum_axes first", &[&[300, 5]], false, |v| ops::sum_axes(&v[0], &[0], true)),
+        case("mean_axes middle", &[&[3, 4, 5]], false, |v| ops::mean_axes(&v[0], &[1], false)),
+        case("softmax last", &[&[4, 50]], false, |v| ops::softmax(&v[0], -1)),
+        case("log_softmax last", &[&[4, 2000]], false, |v| ops::log_softmax(&v[0], -1)),
+        case("softmax axis 0", &[&[6, 5]], false, |v| ops::softmax(&v[0], 0)),
+        case("mse", &[&[8, 3], &[8, 3]], false, |v| ops::mse(&v[0], &v[1])),
+        case("cross_entropy", &[&[6, 11]], false, |v| ops::cross_entropy(&v[0], &[0, 3, 10, 5, 5, 1])),
+        case("matmul", &[&[5, 7], &[7, 3]], false, |v| ops::matmul(&v[0], &v[1])),
+        case("batched matmul, shared weight", &[&[2, 4, 5, 6], &[6, 3]], false, |v| {
+            ops::matmul(&v[0], &v[1])
+        }),
+        case("batched matmul, partial broadcast", &[&[2, 1, 3, 4], &[1, 3, 4, 2]], false, |v| {
+            ops::matmul(&v[0], &v[1])
+        }),
+        case("transpose", &[&[3, 4, 5]], false, |v| ops::transpose(&v[0], 0, 2)),
+        case("permute", &[&[2, 3, 4, 5]], false, |v| ops::permute(&v[0], &[2, 0, 3, 1])),
+        case("reshape", &[&[6, 4]], false, |v| ops::reshape(&v[0], &[2, 12])),
+        case("broadcast_to", &[&[3, 1]], false, |v| ops::broadcast_to(&v[0], &[2, 3, 4])),
+        case("narrow", &[&[4, 9, 3]], false, |v| ops::narrow(&v[0], 1, 2, 5)),
+        case("concat", &[&[2, 3, 4], &[2, 5, 4]], false, |v| ops::concat(&[&v[0], &v[1]], 1)),
+        case("embedding", &[&[10, 6]], false, |v| {
+            ops::embedding(&v[0], &[3, 1, 3, 9, 0, 3], &[2, 3])
+        }),
+        case("masked_fill causal", &[&[2, 5, 5]], false, |v| {
+            ops::masked_fill(&v[0], &causal_mask(5)?, -1e4)
+        }),
+        case("dropout", &[&[9, 13]], false, |v| {
+            ops::dropout(&v[0], 0.3, &mut Rng::new(7), true)
+        }),
+        case("layer_norm", &[&[9, 70], &[70], &[70]], false, |v| {
+            ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-5)
+        }),
+        case("layer_norm wide", &[&[3, 5000], &[5000], &[5000]], false, |v| {
+            ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-5)
+        }),
+        case("layer_norm no affine", &[&[4, 33]], false, |v| {
+            ops::layer_norm(&v[0], None, None, 1e-5)
+        }),
+        case("layer_norm composed", &[&[9, 70], &[70], &[70]], false, |v| {
+            ops::layer_norm_composed(&v[0], Some(&v[1]), Some(&v[2]), 1e-5)
+        }),
+        case("rms_norm", &[&[9, 70], &[70]], false, |v| ops::rms_norm(&v[0], Some(&v[1]), 1e-6)),
+        case("rms_norm composed", &[&[9, 70], &[70]], false, |v| {
+            ops::rms_norm_composed(&v[0], Some(&v[1]), 1e-6)
+        }),
+    ]
+}
+
+/// Relative tolerance per element type (values and gradients are O(1)).
+fn tol<T: Element>() -> f64 {
+    match T::NAME {
+        "f64" => 1e-9,
+        "f32" => 2e-4,
+        "f16" => 2e-2,
+        _ => 6e-2,
+    }
+}
+
+fn random<T: Element>(rng: &mut Rng, shape: &[usize], positive: bool) -> Tensor<T> {
+    let n: usize = shape.iter().product();
+    let v = (0..n)
+        .map(|_| {
+            let x = rng.normal();
+            T::from_f64(if positive { x.abs() + 0.5 } else { x })
+        })
+        .collect();
+    Tensor::from_vec(shape.to_vec(), v).unwrap()
+}
+
+/// The output and the gradients of every input, all on the host.
+fn run<T: Element>(c: &Case<T>, dev: Device, seed: u64) -> Result<Vec<Vec<f64>>> {
+    let mut rng = Rng::new(seed);
+    let inputs: Vec<Tensor<T>> = c.shapes.iter().map(|s| random(&mut rng, s, c.positive)).collect();
+    let tape = Tape::new();
+    let mut vars = Vec::new();
+    for t in &inputs {
+        vars.push(tape.var(t.to_device(dev)?));
+    }
+    let y = (c.f)(&vars)?;
+    assert_eq!(y.value().device(), dev, "{}: output on the wrong device", c.name);
+    let cot = random::<T>(&mut rng, y.shape(), false).to_device(dev)?;
+    let grads = y.backward_with(&cot)?;
+    let mut out = vec![y.value().to_f64_vec()?];
+    for v in &vars {
+        let g = grads.wrt(v)?;
+        assert_eq!(g.device(), dev, "{}: gradient on the wrong device", c.name);
+        out.push(g.to_f64_vec()?);
+    }
+    Ok(out)
+}
+
+fn close(name: &str, what: &str, a: &[f64], b: &[f64], tol: f64) {
+    assert_eq!(a.len(), b.len(), "{name} {what}: lengths");
+    let scale = a.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let ok = (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * scale;
+        assert!(ok, "{name} {what}[{i}]: cpu {x} vs cuda {y} (tol {tol} x {scale})");
+    }
+}
+
+fn every_op<T: Element>() {
+    let Some(dev) = gpu() else { return };
+    for (k, c) in cases::<T>().iter().enumerate() {
+        let seed = 1000 + k as u64;
+        let cpu = run(c, Device::Cpu, seed).unwrap_or_else(|e| panic!("{} cpu: {e}", c.name));
+        let gpu = run(c, dev, seed).unwrap_or_else(|e| panic!("{} cuda {}: {e}", c.name, T::NAME));
+        let label = format!("{} ({})", c.name, T::NAME);
+        for (i, (a, b)) in cpu.iter().zip(&gpu).enumerate() {
+            let what = if i == 0 { "forward".to_string() } else { format!("grad {}", i - 1) };
+            close(&label, &what, a, b, tol::<T>());
+        }
+        // Deterministic: a second run gives the same bits.
+        let again = run(c, dev, seed).unwrap();
+        for (a, b) in gpu.iter().zip(&again) {
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{label}: two GPU runs differ");
+        }
+    }
+}
+
+#[test]
+fn every_op_matches_the_cpu_f32() {
+    every_op::<f32>();
+}
+
+#[test]
+fn every_op_matches_the_cpu_f64() {
+    every_op::<f64>();
+}
+
+#[test]
+fn every_op_matches_the_cpu_f16() {
+    every_op::<half::f16>();
+}
+
+#[test]
+fn every_op_matches_the_cpu_bf16() {
+    every_op::<half::bf16>();
+}
+
+#[test]
+fn mixed_devices_are_errors_naming_both() {
+    let Some(dev) = gpu() else { return };
+    let tape = Tape::<f32>::new();
+    let a = tape.var(Tensor::from_vec(vec![2], vec![1.0, 2.0]).unwrap());
+    let b = tape.var(a.value().to_device(dev).unwrap());
+    match ops::add(&a, &b) {
+        Err(Error::DeviceMismatch { op, lhs, rhs }) => {
+            assert!(!op.is_empty());
+            assert_eq!((lhs.as_str(), rhs.as_str()), ("cpu", "cuda:0"));
+        }
+        other => panic!("expected DeviceMismatch, got {:?}", other.map(|v| v.shape().to_vec())),
+    }
+    // Round trip: host -> GPU -> host keeps every bit.
+    let back = b.value().to_device(Device::Cpu).unwrap();
+    assert_eq!(back.as_slice().unwrap(), a.value().as_slice().unwrap());
+    assert!(b.value().as_slice().is_err(), "as_slice of GPU data must be an error");
+}
+
+#[test]
+fn fused_and_composed_layer_norm_agree_on_the_gpu() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng::new(5);
+    let (n, d) = (64, 768);
+    let x = random::<f32>(&mut rng, &[n, d], false).to_device(dev).unwrap();
+    let gm = random::<f32>(&mut rng, &[d], false).to_device(dev).unwrap();
+    let bt = random::<f32>(&mut rng, &[d], false).to_device(dev).unwrap();
+    let cot = random::<f32>(&mut rng, &[n, d], false).to_device(dev).unwrap();
+    let mut outs = Vec::new();
+    for composed in [false, true] {
+        let tape = Tape::new();
+        let (xv, gv, bv) = (tape.var(x.clone()), tape.var(gm.clone()), tape.var(bt.clone()));
+        let y = if composed {
+            ops::layer_norm_composed(&xv, Some(&gv), Some(&bv), 1e-5)
+        } else {
+            ops::layer_norm(&xv, Some(&gv), Some(&bv), 1e-5)
+        }
+        .unwrap();
+        let g = y.backward_with(&cot).unwrap();
+        outs.push([
+            y.value().to_f64_vec().unwrap(),
+            g.wrt(&xv).unwrap().to_f64_vec().unwrap(),
+            g.wrt(&gv).unwrap().to_f64_vec().unwrap(),
+            g.wrt(&bv).unwrap().to_f64_vec().unwrap(),
+        ]);
+    }
+    for (i, what) in ["y", "dx", "dgamma", "dbeta"].iter().enumerate() {
+        close("fused vs composed", what, &outs[0][i], &outs[1][i], 1e-4);
+    }
+}
