@@ -60,7 +60,16 @@ impl Accum for f64 {
 /// per-type entry points, compiled once in this crate (see
 /// `ops/norm/mod.rs`), and which CPU kernel builds the type has.
 pub trait Element:
-    NormOps + CpuBuilds + crate::device::DeviceElement + Copy + Debug + Default + PartialEq + Send + Sync + 'static
+    NormOps
+    + CpuBuilds
+    + crate::device::DeviceElement
+    + Copy
+    + Debug
+    + Default
+    + PartialEq
+    + Send
+    + Sync
+    + 'static
 {
     /// Accumulation type: itself an element (its own accumulation type), so
     /// that statistics and optimizer state are tensors too.

@@ -272,9 +272,11 @@ impl<T: Element> Tensor<T> {
 
     /// Copies the values out as an ndarray array (from any device).
     pub fn to_array(&self) -> Result<ArrayD<T>> {
-        ArrayD::from_shape_vec(IxDyn(&self.shape), self.to_vec()?).map_err(|e| Error::InvalidArgument {
-            op: "Tensor::to_array",
-            msg: e.to_string(),
+        ArrayD::from_shape_vec(IxDyn(&self.shape), self.to_vec()?).map_err(|e| {
+            Error::InvalidArgument {
+                op: "Tensor::to_array",
+                msg: e.to_string(),
+            }
         })
     }
 

@@ -13,6 +13,8 @@
 //! targets are host metadata, given by the caller.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use super::elementwise::check_devices;
 use crate::dtype::Element;
@@ -42,7 +44,10 @@ fn mse_kernel<T: Element>(p: &Tensor<T>, t: &Tensor<T>) -> Result<Tensor<T>> {
     match (p.storage(), t.storage()) {
         (Storage::Cpu(ps), Storage::Cpu(ts)) => Ok(Tensor::scalar(cpu::mse(ps, ts))),
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("loss")),
+        (Storage::Cuda(ps), Storage::Cuda(ts)) => cuda::mse(ps, ts),
+        // Unreachable after check_devices; an error, never a panic.
+        #[cfg(feature = "cuda")]
+        _ => Err(mixed("mse", p.device(), t.device())),
     }
 }
 
@@ -61,7 +66,14 @@ fn mse_grad_kernel<T: Element>(
             Tensor::from_vec(p.shape().to_vec(), cpu::mse_grad(gs, ps, ts, sign))
         }
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("loss")),
+        (Storage::Cuda(gs), Storage::Cuda(ps), Storage::Cuda(ts)) => {
+            cuda::mse_grad(gs, ps, ts, p.shape(), crate::dtype::Accum::f64(sign))
+        }
+        // Unreachable after check_devices; an error, never a panic.
+        #[cfg(feature = "cuda")]
+        _ if g.device() != p.device() => Err(mixed("mse", g.device(), p.device())),
+        #[cfg(feature = "cuda")]
+        _ => Err(mixed("mse", p.device(), t.device())),
     }
 }
 
@@ -128,6 +140,9 @@ struct CrossEntropy {
 /// them.
 enum CeStats<A> {
     Cpu(cpu::RowStats<A>),
+    /// On the logits' GPU, so backward reads them without a copy.
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::RowStats<A>),
 }
 
 impl<A> CeStats<A> {
@@ -135,7 +150,28 @@ impl<A> CeStats<A> {
     fn len(&self) -> usize {
         match self {
             CeStats::Cpu(s) => s.max.len() + s.log_sum.len(),
+            #[cfg(feature = "cuda")]
+            CeStats::Cuda(s) => 2 * s.n,
         }
+    }
+
+    /// The device holding them.
+    #[cfg(feature = "cuda")]
+    fn device(&self) -> crate::Device {
+        match self {
+            CeStats::Cpu(_) => crate::Device::Cpu,
+            CeStats::Cuda(s) => crate::Device::Cuda(s.gpu.ordinal),
+        }
+    }
+}
+
+/// The error for operands found on different devices.
+#[cfg(feature = "cuda")]
+fn mixed(op: &'static str, lhs: crate::Device, rhs: crate::Device) -> Error {
+    Error::DeviceMismatch {
+        op,
+        lhs: lhs.to_string(),
+        rhs: rhs.to_string(),
     }
 }
 
@@ -153,7 +189,10 @@ fn cross_entropy_kernel<T: Element>(
             Ok((Tensor::scalar(loss), CeStats::Cpu(stats)))
         }
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("loss")),
+        Storage::Cuda(xs) => {
+            let (loss, stats) = cuda::cross_entropy(xs, c, targets)?;
+            Ok((loss, CeStats::Cuda(stats)))
+        }
     }
 }
 
@@ -173,7 +212,17 @@ fn cross_entropy_grad_kernel<T: Element>(
             cpu::cross_entropy_grad(gs, xs, c, targets, st),
         ),
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("loss")),
+        (Storage::Cuda(gs), Storage::Cuda(xs), CeStats::Cuda(st))
+            if st.gpu.ordinal == xs.gpu.ordinal =>
+        {
+            cuda::cross_entropy_grad(gs, xs, x.shape(), c, targets, st)
+        }
+        // Unreachable after check_devices (the statistics come from these
+        // logits); an error, never a panic.
+        #[cfg(feature = "cuda")]
+        _ if g.device() != x.device() => Err(mixed("cross_entropy", g.device(), x.device())),
+        #[cfg(feature = "cuda")]
+        _ => Err(mixed("cross_entropy", x.device(), stats.device())),
     }
 }
 

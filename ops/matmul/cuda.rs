@@ -99,7 +99,16 @@ fn run<T: Element>(
         "f32" => gemm_as!(f32, 1.0, 0.0, g, a, b, c, mkn),
         "f64" => gemm_as!(f64, 1.0, 0.0, g, a, b, c, mkn),
         "f16" => gemm_as!(half::f16, half::f16::ONE, half::f16::ZERO, g, a, b, c, mkn),
-        "bf16" => gemm_as!(half::bf16, half::bf16::ONE, half::bf16::ZERO, g, a, b, c, mkn),
+        "bf16" => gemm_as!(
+            half::bf16,
+            half::bf16::ONE,
+            half::bf16::ZERO,
+            g,
+            a,
+            b,
+            c,
+            mkn
+        ),
         other => Err(g.err("matmul", format!("no cuBLAS path for {other}"))),
     }
 }

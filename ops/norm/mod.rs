@@ -84,6 +84,6 @@ pub(crate) fn cpu_side<'a, T: Element>(
     match t.storage() {
         Storage::Cpu(b) => Ok(Some(&b[..])),
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("norm")),
+        _ => Err(crate::device::unsupported("norm")),
     }
 }

@@ -10,6 +10,8 @@ use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::op::Op;
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use super::elementwise::{unary_to, Unary};
 use crate::shape::{alloc_filled, checked_numel, normalize_axes};
@@ -109,8 +111,16 @@ impl<T: Element> Op<T> for Reduce {
                 Kind::Sum => zero,
                 Kind::Mean => <T::Acc as num_traits::Float>::nan(),
             };
-            let out = alloc_filled(self.name, &self.out_shape, T::from_acc(v))?;
-            return Ok((Tensor::from_vec(self.out_shape.clone(), out)?, ()));
+            let y = match x[0].storage() {
+                Storage::Cpu(_) => {
+                    let out = alloc_filled(self.name, &self.out_shape, T::from_acc(v))?;
+                    Tensor::from_vec(self.out_shape.clone(), out)?
+                }
+                // The output stays on the input's device.
+                #[cfg(feature = "cuda")]
+                Storage::Cuda(xs) => cuda::filled(xs, self.name, &self.out_shape, T::from_acc(v))?,
+            };
+            return Ok((y, ()));
         }
         let div = (self.kind == Kind::Mean).then_some(self.count);
         Ok((sum_kernel(x[0], &self.red, div, &self.out_shape)?, ()))
@@ -137,11 +147,13 @@ pub(crate) fn sum_kernel<T: Element>(
     div: Option<usize>,
     out: &[usize],
 ) -> Result<Tensor<T>> {
-    let div = div.map(|n| T::Acc::of(n as f64));
     match x.storage() {
-        Storage::Cpu(xs) => Tensor::from_vec(out.to_vec(), cpu::sum(xs, x.shape(), red, div)),
+        Storage::Cpu(xs) => {
+            let div = div.map(|n| T::Acc::of(n as f64));
+            Tensor::from_vec(out.to_vec(), cpu::sum(xs, x.shape(), red, div))
+        }
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("reduce")),
+        Storage::Cuda(xs) => cuda::sum(xs, x.shape(), red, div, out),
     }
 }
 

@@ -11,11 +11,18 @@ const BLOCK: u32 = 256;
 
 /// `x` (row-major over its own shape) read with `src` strides per output
 /// dimension into a contiguous tensor of shape `out`.
-pub(crate) fn permute<T: Element>(x: &CudaBuf<T>, out: &[usize], src: &[usize]) -> Result<Tensor<T>> {
+pub(crate) fn permute<T: Element>(
+    x: &CudaBuf<T>,
+    out: &[usize],
+    src: &[usize],
+) -> Result<Tensor<T>> {
     if out.len() > MAX_RANK {
         return Err(Error::InvalidArgument {
             op: "permute",
-            msg: format!("rank {} is above the CUDA kernels' limit of {MAX_RANK}", out.len()),
+            msg: format!(
+                "rank {} is above the CUDA kernels' limit of {MAX_RANK}",
+                out.len()
+            ),
         });
     }
     let mut s = Strides {
@@ -69,7 +76,14 @@ pub(crate) fn take_rows<T: Element>(
     len: usize,
 ) -> Result<Tensor<T>> {
     let mut y = x.gpu.uninit::<T>(outer * len * inner)?;
-    block_copy(x, &mut y, outer, len * inner, (d * inner, start * inner), (len * inner, 0))?;
+    block_copy(
+        x,
+        &mut y,
+        outer,
+        len * inner,
+        (d * inner, start * inner),
+        (len * inner, 0),
+    )?;
     Tensor::from_cuda(shape, x.gpu.clone(), y)
 }
 
@@ -107,7 +121,14 @@ pub(crate) fn concat<T: Element>(
     let mut y = gpu.uninit::<T>(outer * total * inner)?;
     let mut off = 0;
     for &(x, d) in parts {
-        block_copy(x, &mut y, outer, d * inner, (d * inner, 0), (total * inner, off * inner))?;
+        block_copy(
+            x,
+            &mut y,
+            outer,
+            d * inner,
+            (d * inner, 0),
+            (total * inner, off * inner),
+        )?;
         off += d;
     }
     Tensor::from_cuda(shape, gpu, y)

@@ -15,6 +15,8 @@
 //! reached only through the device-level kernels below.
 
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use super::elementwise::check_devices;
 use crate::dtype::Element;
@@ -45,7 +47,7 @@ fn softmax_kernel<T: Element>(x: &Tensor<T>, axis: usize, log: bool) -> Result<T
     match x.storage() {
         Storage::Cpu(xs) => Tensor::from_vec(x.shape().to_vec(), cpu::forward(xs, d, inner, log)),
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("softmax")),
+        Storage::Cuda(xs) => cuda::forward(xs, x.shape(), d, inner, log),
     }
 }
 
@@ -74,7 +76,14 @@ fn softmax_grad_kernel<T: Element>(
             Tensor::from_vec(y.shape().to_vec(), cpu::backward(ys, gs, d, inner, log))
         }
         #[cfg(feature = "cuda")]
-        _ => return Err(crate::device::unsupported("softmax")),
+        (Storage::Cuda(ys), Storage::Cuda(gs)) => cuda::backward(ys, gs, y.shape(), d, inner, log),
+        // Unreachable after check_devices; an error, never a panic.
+        #[cfg(feature = "cuda")]
+        _ => Err(Error::DeviceMismatch {
+            op,
+            lhs: y.device().to_string(),
+            rhs: g.device().to_string(),
+        }),
     }
 }
 

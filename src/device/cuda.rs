@@ -278,7 +278,10 @@ unsafe impl DeviceRepr for Strides {}
 /// [`crate::shape::broadcast_strides`] as a kernel's fixed array.
 fn broadcast_strides(shape: &[usize], out: &[usize]) -> [i64; MAX_RANK] {
     let mut st = [0i64; MAX_RANK];
-    for (d, v) in crate::shape::broadcast_strides(shape, out).into_iter().enumerate() {
+    for (d, v) in crate::shape::broadcast_strides(shape, out)
+        .into_iter()
+        .enumerate()
+    {
         st[d] = v as i64;
     }
     st
@@ -286,11 +289,19 @@ fn broadcast_strides(shape: &[usize], out: &[usize]) -> [i64; MAX_RANK] {
 
 /// `Strides` for an output of shape `out` read from `a` and `b` with
 /// broadcasting; `Err` past [`MAX_RANK`] dimensions.
-pub(crate) fn strides(op: &'static str, out: &[usize], a: &[usize], b: &[usize]) -> Result<Strides> {
+pub(crate) fn strides(
+    op: &'static str,
+    out: &[usize],
+    a: &[usize],
+    b: &[usize],
+) -> Result<Strides> {
     if out.len() > MAX_RANK {
         return Err(Error::InvalidArgument {
             op,
-            msg: format!("rank {} is above the CUDA kernels' limit of {MAX_RANK}", out.len()),
+            msg: format!(
+                "rank {} is above the CUDA kernels' limit of {MAX_RANK}",
+                out.len()
+            ),
         });
     }
     let mut s = Strides {

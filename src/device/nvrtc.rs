@@ -68,7 +68,8 @@ pub(crate) fn available() -> Result<()> {
             if unsafe { sys::is_culib_present() } {
                 Ok(())
             } else {
-                let list: Vec<String> = searched().iter().map(|p| p.display().to_string()).collect();
+                let list: Vec<String> =
+                    searched().iter().map(|p| p.display().to_string()).collect();
                 Err(format!(
                     "NVRTC (libnvrtc.so.13 or .so.12) not found on the loader path \
                      (LD_LIBRARY_PATH) nor at {}; run scripts/install-cuda-tools.sh",
@@ -232,6 +233,9 @@ mod tests {
         let r = parse_log("layer_norm", 90, log);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].kernel, "ln_fwd_f32");
-        assert_eq!((r[0].registers, r[0].shared_bytes, r[0].spill_bytes), (40, 128, 8));
+        assert_eq!(
+            (r[0].registers, r[0].shared_bytes, r[0].spill_bytes),
+            (40, 128, 8)
+        );
     }
 }

@@ -7,6 +7,9 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{CudaBuf, Storage, Tensor};
 
+/// A parameter and its optimizer state.
+type Updated<T> = (Tensor<T>, Vec<Tensor<<T as Element>::Acc>>);
+
 /// `rule` applied to parameter `p` with gradient `g` and state `prev`
 /// (empty on the first step): the new parameter and state.
 pub(crate) fn update<T: Element>(
@@ -15,7 +18,7 @@ pub(crate) fn update<T: Element>(
     g: &CudaBuf<T>,
     shape: &[usize],
     prev: &[Tensor<T::Acc>],
-) -> Result<(Tensor<T>, Vec<Tensor<T::Acc>>)> {
+) -> Result<Updated<T>> {
     let gpu = &p.gpu;
     let n = p.len;
     let mut prev_bufs = Vec::with_capacity(prev.len());
@@ -52,7 +55,16 @@ pub(crate) fn update<T: Element>(
                 }
                 state.push(v);
             }
-            Rule::Adam { decoupled, lr, b1, b2, c1, c2, eps, wd } => {
+            Rule::Adam {
+                decoupled,
+                lr,
+                b1,
+                b2,
+                c1,
+                c2,
+                eps,
+                wd,
+            } => {
                 let name = if decoupled { "adamw" } else { "adam" };
                 let f = gpu.function::<T>("optim", name)?;
                 let (mut m, mut v) = (gpu.uninit::<T::Acc>(n)?, gpu.uninit::<T::Acc>(n)?);
