@@ -29,7 +29,12 @@ struct Case<T: Element> {
     f: OpFn<T>,
 }
 
-fn case<T: Element>(name: &'static str, shapes: &[&[usize]], positive: bool, f: OpFn<T>) -> Case<T> {
+fn case<T: Element>(
+    name: &'static str,
+    shapes: &[&[usize]],
+    positive: bool,
+    f: OpFn<T>,
+) -> Case<T> {
     Case {
         name,
         shapes: shapes.iter().map(|s| s.to_vec()).collect(),
@@ -40,10 +45,18 @@ fn case<T: Element>(name: &'static str, shapes: &[&[usize]], positive: bool, f: 
 
 fn cases<T: Element>() -> Vec<Case<T>> {
     vec![
-        case("add broadcast", &[&[4, 3, 5], &[3, 1]], false, |v| ops::add(&v[0], &v[1])),
-        case("sub", &[&[7, 9], &[7, 9]], false, |v| ops::sub(&v[0], &v[1])),
-        case("mul broadcast", &[&[2, 3, 4], &[4]], false, |v| ops::mul(&v[0], &v[1])),
-        case("mul same shape", &[&[33, 17], &[33, 17]], false, |v| ops::mul(&v[0], &v[1])),
+        case("add broadcast", &[&[4, 3, 5], &[3, 1]], false, |v| {
+            ops::add(&v[0], &v[1])
+        }),
+        case("sub", &[&[7, 9], &[7, 9]], false, |v| {
+            ops::sub(&v[0], &v[1])
+        }),
+        case("mul broadcast", &[&[2, 3, 4], &[4]], false, |v| {
+            ops::mul(&v[0], &v[1])
+        }),
+        case("mul same shape", &[&[33, 17], &[33, 17]], false, |v| {
+            ops::mul(&v[0], &v[1])
+        }),
         case("div", &[&[5, 6], &[5, 6]], true, |v| ops::div(&v[0], &v[1])),
         case("neg", &[&[10]], false, |v| ops::neg(&v[0])),
         case("scalar ops", &[&[3, 8]], false, |v| {
@@ -61,27 +74,63 @@ fn cases<T: Element>() -> Vec<Case<T>> {
         case("gelu_tanh", &[&[40]], false, |v| ops::gelu_tanh(&v[0])),
         case("sum", &[&[6, 7]], false, |v| ops::sum(&v[0])),
         case("mean", &[&[6, 7]], false, |v| ops::mean(&v[0])),
-        case("sum_axes last", &[&[5, 300]], false, |v| ops::sum_axes(&v[0], &[-1], false)),
-        case("sum_axes first", &[&[300, 5]], false, |v| ops::sum_axes(&v[0], &[0], true)),
-        case("mean_axes middle", &[&[3, 4, 5]], false, |v| ops::mean_axes(&v[0], &[1], false)),
-        case("softmax last", &[&[4, 50]], false, |v| ops::softmax(&v[0], -1)),
-        case("log_softmax last", &[&[4, 2000]], false, |v| ops::log_softmax(&v[0], -1)),
-        case("softmax axis 0", &[&[6, 5]], false, |v| ops::softmax(&v[0], 0)),
-        case("mse", &[&[8, 3], &[8, 3]], false, |v| ops::mse(&v[0], &v[1])),
-        case("cross_entropy", &[&[6, 11]], false, |v| ops::cross_entropy(&v[0], &[0, 3, 10, 5, 5, 1])),
-        case("matmul", &[&[5, 7], &[7, 3]], false, |v| ops::matmul(&v[0], &v[1])),
-        case("batched matmul, shared weight", &[&[2, 4, 5, 6], &[6, 3]], false, |v| {
+        case("sum_axes last", &[&[5, 300]], false, |v| {
+            ops::sum_axes(&v[0], &[-1], false)
+        }),
+        case("sum_axes first", &[&[300, 5]], false, |v| {
+            ops::sum_axes(&v[0], &[0], true)
+        }),
+        case("mean_axes middle", &[&[3, 4, 5]], false, |v| {
+            ops::mean_axes(&v[0], &[1], false)
+        }),
+        case("softmax last", &[&[4, 50]], false, |v| {
+            ops::softmax(&v[0], -1)
+        }),
+        case("log_softmax last", &[&[4, 2000]], false, |v| {
+            ops::log_softmax(&v[0], -1)
+        }),
+        case("softmax axis 0", &[&[6, 5]], false, |v| {
+            ops::softmax(&v[0], 0)
+        }),
+        case("mse", &[&[8, 3], &[8, 3]], false, |v| {
+            ops::mse(&v[0], &v[1])
+        }),
+        case("cross_entropy", &[&[6, 11]], false, |v| {
+            ops::cross_entropy(&v[0], &[0, 3, 10, 5, 5, 1])
+        }),
+        case("matmul", &[&[5, 7], &[7, 3]], false, |v| {
             ops::matmul(&v[0], &v[1])
         }),
-        case("batched matmul, partial broadcast", &[&[2, 1, 3, 4], &[1, 3, 4, 2]], false, |v| {
-            ops::matmul(&v[0], &v[1])
+        case(
+            "batched matmul, shared weight",
+            &[&[2, 4, 5, 6], &[6, 3]],
+            false,
+            |v| ops::matmul(&v[0], &v[1]),
+        ),
+        case(
+            "batched matmul, partial broadcast",
+            &[&[2, 1, 3, 4], &[1, 3, 4, 2]],
+            false,
+            |v| ops::matmul(&v[0], &v[1]),
+        ),
+        case("transpose", &[&[3, 4, 5]], false, |v| {
+            ops::transpose(&v[0], 0, 2)
         }),
-        case("transpose", &[&[3, 4, 5]], false, |v| ops::transpose(&v[0], 0, 2)),
-        case("permute", &[&[2, 3, 4, 5]], false, |v| ops::permute(&v[0], &[2, 0, 3, 1])),
-        case("reshape", &[&[6, 4]], false, |v| ops::reshape(&v[0], &[2, 12])),
-        case("broadcast_to", &[&[3, 1]], false, |v| ops::broadcast_to(&v[0], &[2, 3, 4])),
-        case("narrow", &[&[4, 9, 3]], false, |v| ops::narrow(&v[0], 1, 2, 5)),
-        case("concat", &[&[2, 3, 4], &[2, 5, 4]], false, |v| ops::concat(&[&v[0], &v[1]], 1)),
+        case("permute", &[&[2, 3, 4, 5]], false, |v| {
+            ops::permute(&v[0], &[2, 0, 3, 1])
+        }),
+        case("reshape", &[&[6, 4]], false, |v| {
+            ops::reshape(&v[0], &[2, 12])
+        }),
+        case("broadcast_to", &[&[3, 1]], false, |v| {
+            ops::broadcast_to(&v[0], &[2, 3, 4])
+        }),
+        case("narrow", &[&[4, 9, 3]], false, |v| {
+            ops::narrow(&v[0], 1, 2, 5)
+        }),
+        case("concat", &[&[2, 3, 4], &[2, 5, 4]], false, |v| {
+            ops::concat(&[&v[0], &v[1]], 1)
+        }),
         case("embedding", &[&[10, 6]], false, |v| {
             ops::embedding(&v[0], &[3, 1, 3, 9, 0, 3], &[2, 3])
         }),
@@ -94,16 +143,24 @@ fn cases<T: Element>() -> Vec<Case<T>> {
         case("layer_norm", &[&[9, 70], &[70], &[70]], false, |v| {
             ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-5)
         }),
-        case("layer_norm wide", &[&[3, 5000], &[5000], &[5000]], false, |v| {
-            ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-5)
-        }),
+        case(
+            "layer_norm wide",
+            &[&[3, 5000], &[5000], &[5000]],
+            false,
+            |v| ops::layer_norm(&v[0], Some(&v[1]), Some(&v[2]), 1e-5),
+        ),
         case("layer_norm no affine", &[&[4, 33]], false, |v| {
             ops::layer_norm(&v[0], None, None, 1e-5)
         }),
-        case("layer_norm composed", &[&[9, 70], &[70], &[70]], false, |v| {
-            ops::layer_norm_composed(&v[0], Some(&v[1]), Some(&v[2]), 1e-5)
+        case(
+            "layer_norm composed",
+            &[&[9, 70], &[70], &[70]],
+            false,
+            |v| ops::layer_norm_composed(&v[0], Some(&v[1]), Some(&v[2]), 1e-5),
+        ),
+        case("rms_norm", &[&[9, 70], &[70]], false, |v| {
+            ops::rms_norm(&v[0], Some(&v[1]), 1e-6)
         }),
-        case("rms_norm", &[&[9, 70], &[70]], false, |v| ops::rms_norm(&v[0], Some(&v[1]), 1e-6)),
         case("rms_norm composed", &[&[9, 70], &[70]], false, |v| {
             ops::rms_norm_composed(&v[0], Some(&v[1]), 1e-6)
         }),
@@ -134,14 +191,23 @@ fn random<T: Element>(rng: &mut Rng, shape: &[usize], positive: bool) -> Tensor<
 /// The output and the gradients of every input, all on the host.
 fn run<T: Element>(c: &Case<T>, dev: Device, seed: u64) -> Result<Vec<Vec<f64>>> {
     let mut rng = Rng::new(seed);
-    let inputs: Vec<Tensor<T>> = c.shapes.iter().map(|s| random(&mut rng, s, c.positive)).collect();
+    let inputs: Vec<Tensor<T>> = c
+        .shapes
+        .iter()
+        .map(|s| random(&mut rng, s, c.positive))
+        .collect();
     let tape = Tape::new();
     let mut vars = Vec::new();
     for t in &inputs {
         vars.push(tape.var(t.to_device(dev)?));
     }
     let y = (c.f)(&vars)?;
-    assert_eq!(y.value().device(), dev, "{}: output on the wrong device", c.name);
+    assert_eq!(
+        y.value().device(),
+        dev,
+        "{}: output on the wrong device",
+        c.name
+    );
     let cot = random::<T>(&mut rng, y.shape(), false).to_device(dev)?;
     let grads = y.backward_with(&cot)?;
     let mut out = vec![y.value().to_f64_vec()?];
@@ -158,7 +224,10 @@ fn close(name: &str, what: &str, a: &[f64], b: &[f64], tol: f64) {
     let scale = a.iter().fold(1.0f64, |m, v| m.max(v.abs()));
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         let ok = (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * scale;
-        assert!(ok, "{name} {what}[{i}]: cpu {x} vs cuda {y} (tol {tol} x {scale})");
+        assert!(
+            ok,
+            "{name} {what}[{i}]: cpu {x} vs cuda {y} (tol {tol} x {scale})"
+        );
     }
 }
 
@@ -170,7 +239,11 @@ fn every_op<T: Element>() {
         let gpu = run(c, dev, seed).unwrap_or_else(|e| panic!("{} cuda {}: {e}", c.name, T::NAME));
         let label = format!("{} ({})", c.name, T::NAME);
         for (i, (a, b)) in cpu.iter().zip(&gpu).enumerate() {
-            let what = if i == 0 { "forward".to_string() } else { format!("grad {}", i - 1) };
+            let what = if i == 0 {
+                "forward".to_string()
+            } else {
+                format!("grad {}", i - 1)
+            };
             close(&label, &what, a, b, tol::<T>());
         }
         // Deterministic: a second run gives the same bits.
@@ -213,12 +286,18 @@ fn mixed_devices_are_errors_naming_both() {
             assert!(!op.is_empty());
             assert_eq!((lhs.as_str(), rhs.as_str()), ("cpu", "cuda:0"));
         }
-        other => panic!("expected DeviceMismatch, got {:?}", other.map(|v| v.shape().to_vec())),
+        other => panic!(
+            "expected DeviceMismatch, got {:?}",
+            other.map(|v| v.shape().to_vec())
+        ),
     }
     // Round trip: host -> GPU -> host keeps every bit.
     let back = b.value().to_device(Device::Cpu).unwrap();
     assert_eq!(back.as_slice().unwrap(), a.value().as_slice().unwrap());
-    assert!(b.value().as_slice().is_err(), "as_slice of GPU data must be an error");
+    assert!(
+        b.value().as_slice().is_err(),
+        "as_slice of GPU data must be an error"
+    );
 }
 
 #[test]
@@ -226,14 +305,22 @@ fn fused_and_composed_layer_norm_agree_on_the_gpu() {
     let Some(dev) = gpu() else { return };
     let mut rng = Rng::new(5);
     let (n, d) = (64, 768);
-    let x = random::<f32>(&mut rng, &[n, d], false).to_device(dev).unwrap();
+    let x = random::<f32>(&mut rng, &[n, d], false)
+        .to_device(dev)
+        .unwrap();
     let gm = random::<f32>(&mut rng, &[d], false).to_device(dev).unwrap();
     let bt = random::<f32>(&mut rng, &[d], false).to_device(dev).unwrap();
-    let cot = random::<f32>(&mut rng, &[n, d], false).to_device(dev).unwrap();
+    let cot = random::<f32>(&mut rng, &[n, d], false)
+        .to_device(dev)
+        .unwrap();
     let mut outs = Vec::new();
     for composed in [false, true] {
         let tape = Tape::new();
-        let (xv, gv, bv) = (tape.var(x.clone()), tape.var(gm.clone()), tape.var(bt.clone()));
+        let (xv, gv, bv) = (
+            tape.var(x.clone()),
+            tape.var(gm.clone()),
+            tape.var(bt.clone()),
+        );
         let y = if composed {
             ops::layer_norm_composed(&xv, Some(&gv), Some(&bv), 1e-5)
         } else {
@@ -251,4 +338,45 @@ fn fused_and_composed_layer_norm_agree_on_the_gpu() {
     for (i, what) in ["y", "dx", "dgamma", "dbeta"].iter().enumerate() {
         close("fused vs composed", what, &outs[0][i], &outs[1][i], 1e-4);
     }
+}
+
+#[test]
+fn adamw_training_steps_on_the_gpu_match_the_cpu() {
+    use fusegrad::nn::{AdamW, Linear, Module, Optimizer};
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng::new(11);
+    let x = random::<f32>(&mut rng, &[16, 8], false);
+    let target = random::<f32>(&mut rng, &[16, 4], false);
+    let base = Linear::<f32>::new(8, 4, &mut Rng::new(3)).unwrap();
+    let mut finals = Vec::new();
+    for device in [Device::Cpu, dev] {
+        let mut model = base.clone();
+        model.to_device(device).unwrap();
+        let mut opt = AdamW::<f32>::with_lr(1e-2).unwrap();
+        let (xd, td) = (
+            x.to_device(device).unwrap(),
+            target.to_device(device).unwrap(),
+        );
+        let mut losses = Vec::new();
+        for _ in 0..3 {
+            let tape = Tape::new();
+            let bound = model.bind(&tape);
+            let y = model.forward(&bound, &tape.constant(xd.clone())).unwrap();
+            let loss = ops::mse(&y, &tape.constant(td.clone())).unwrap();
+            losses.push(loss.value().to_f64_vec().unwrap()[0]);
+            let grads = loss.backward().unwrap();
+            opt.step(&mut model, &bound, &grads).unwrap();
+        }
+        for p in model.params() {
+            assert_eq!(p.device(), device, "parameter left its device");
+        }
+        let params: Vec<f64> = model
+            .params()
+            .iter()
+            .flat_map(|p| p.to_f64_vec().unwrap())
+            .collect();
+        finals.push((losses, params));
+    }
+    close("adamw", "losses", &finals[0].0, &finals[1].0, 1e-4);
+    close("adamw", "params", &finals[0].1, &finals[1].1, 1e-4);
 }

@@ -74,3 +74,17 @@ fn host_allocation_failures_are_errors() {
         Err(Error::OutOfMemory { .. })
     ));
 }
+
+#[test]
+fn a_module_that_cannot_move_is_left_unchanged() {
+    use fusegrad::nn::{Linear, Module};
+    if gpu_present() {
+        return;
+    }
+    let mut m = Linear::<f32>::new(3, 2, &mut fusegrad::rng::Rng::new(1)).unwrap();
+    let before: Vec<Vec<f32>> = m.params().iter().map(|p| p.to_vec().unwrap()).collect();
+    unavailable(m.to_device(Device::Cuda(0)));
+    let after: Vec<Vec<f32>> = m.params().iter().map(|p| p.to_vec().unwrap()).collect();
+    assert_eq!(before, after);
+    assert!(m.params().iter().all(|p| p.device() == Device::Cpu));
+}

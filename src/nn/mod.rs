@@ -148,6 +148,22 @@ pub trait Module<T: Element> {
             .collect()
     }
 
+    /// Moves every parameter to `device`. All are copied before any is
+    /// replaced, so on an error (`CudaUnavailable`, out of memory) the
+    /// module is unchanged. Build the optimizer after moving (its state
+    /// lives beside the parameters).
+    fn to_device(&mut self, device: crate::Device) -> Result<()> {
+        let moved = self
+            .params()
+            .iter()
+            .map(|t| t.to_device(device))
+            .collect::<Result<Vec<_>>>()?;
+        for (p, m) in self.params_mut().into_iter().zip(moved) {
+            *p = m;
+        }
+        Ok(())
+    }
+
     /// Total number of scalar parameters.
     fn num_params(&self) -> usize {
         self.params().iter().map(|t| t.numel()).sum()
