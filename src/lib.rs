@@ -12,6 +12,7 @@ pub mod gradcheck;
 pub mod mask;
 pub mod nn;
 pub mod op;
+pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod shape;
