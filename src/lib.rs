@@ -4,6 +4,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod analysis;
+pub mod app;
 pub mod bench;
 pub mod device;
 pub mod dtype;
