@@ -123,6 +123,10 @@ pub enum Error {
     /// module (the first mismatch, named).
     #[error("weights file {path}: {msg}")]
     Weights { path: String, msg: String },
+    /// A plot could not be drawn or written (`path` is the file, or
+    /// `<svg>` / `<png>` for one made in memory).
+    #[error("plot {path}: {msg}")]
+    Plot { path: String, msg: String },
     /// CUDA was asked for but cannot be used here.
     #[error("CUDA unavailable: {reason}")]
     CudaUnavailable { reason: String },

@@ -4,6 +4,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod analysis;
+pub mod app;
 pub mod bench;
 pub mod device;
 pub mod dtype;
@@ -12,6 +13,7 @@ pub mod gradcheck;
 pub mod mask;
 pub mod nn;
 pub mod op;
+pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod shape;

@@ -2,9 +2,12 @@
 //!
 //! `fusegrad` runs the whole report; `fusegrad check`, `fusegrad stability
 //! [--plot FILE]` and `fusegrad bench [--json] [--prims] [--device cpu|cuda]`
-//! run one part. `fusegrad --help` says the same.
+//! run one part; `fusegrad train spirals|transformer [OPTIONS]` trains with
+//! a progress bar and writes loss plots. `fusegrad --help` says the same.
+//! Exit status: 0 done, 1 a failed check or an error, 2 a usage error.
 
 use clap::{value_parser, Arg, ArgAction, Command};
+use fusegrad::app::{matches_or_exit, spirals, transformer};
 use fusegrad::{analysis, bench, gradcheck, nn, report, stability, Device, Result};
 use std::path::PathBuf;
 
@@ -61,11 +64,11 @@ fn training() -> Result<()> {
     Ok(())
 }
 
-fn stability_demo(svg: PathBuf) -> Result<()> {
+fn stability_demo(plot: PathBuf) -> Result<()> {
     section("Stability: variance in f32 over growing row offsets (naive vs two-pass vs Welford)");
-    let rep = stability::run_demo(&svg)?;
+    let rep = stability::run_demo(&plot)?;
     print!("{rep}");
-    println!("\nplot written to {}", svg.display());
+    println!("\nplot written to {}", plot.display());
     Ok(())
 }
 
@@ -154,7 +157,7 @@ fn cli() -> Command {
                         .value_name("FILE")
                         .value_parser(value_parser!(PathBuf))
                         .default_value("target/stability.svg")
-                        .help("Where to write the SVG plot"),
+                        .help("Where to write the plot; a name ending in .svg writes SVG, in .png a PNG"),
                 ),
         )
         .subcommand(Command::new("kernels").about(
@@ -173,18 +176,18 @@ fn cli() -> Command {
                         .help("Where to run"),
                 ),
         )
+        .subcommand(
+            Command::new("train")
+                .about("Train a small network with a progress bar; writes its loss plot to target/plots/")
+                .subcommand_required(true)
+                .subcommand(spirals::command("spirals"))
+                .subcommand(transformer::command("transformer")),
+        )
 }
 
 fn run() -> Result<bool> {
-    let m = match cli().try_get_matches() {
-        Ok(m) => m,
-        Err(e) => {
-            // --help and --version print and succeed; anything else is a
-            // usage error.
-            let _ = e.print();
-            std::process::exit(if e.use_stderr() { 2 } else { 0 });
-        }
-    };
+    // --help prints and succeeds; anything else unparsable is a usage error.
+    let m = matches_or_exit(cli());
     match m.subcommand() {
         None => {
             let ok = primitives()?;
@@ -200,8 +203,10 @@ fn run() -> Result<bool> {
             Ok(ok)
         }
         Some(("stability", a)) => {
-            let svg = a.get_one::<PathBuf>("plot").cloned().unwrap_or_default();
-            stability_demo(svg).map(|_| true)
+            let plot = a.get_one::<PathBuf>("plot").cloned().unwrap_or_default();
+            // A bad extension fails before the measurement, not after it.
+            fusegrad::plot::Format::from_path(&plot)?;
+            stability_demo(plot).map(|_| true)
         }
         Some(("kernels", _)) => kernels(),
         Some(("bench", a)) => {
@@ -214,6 +219,13 @@ fn run() -> Result<bool> {
                 benchmark(true, a.get_flag("json")).map(|_| true)
             }
         }
+        Some(("train", t)) => match t.subcommand() {
+            Some(("spirals", a)) => spirals::run(&spirals::Options::from_matches(a)?).map(|_| true),
+            Some(("transformer", a)) => {
+                transformer::run(&transformer::Options::from_matches(a)?).map(|_| true)
+            }
+            _ => Ok(false),
+        },
         Some((other, _)) => {
             eprintln!("unknown command {other:?}");
             Ok(false)
@@ -227,7 +239,7 @@ fn main() {
         Ok(false) => std::process::exit(1),
         Err(e) => {
             eprintln!("fusegrad: {e}");
-            std::process::exit(2);
+            std::process::exit(1);
         }
     }
 }

@@ -39,7 +39,8 @@
 //! or two and returns `xhat` of order one once `|c|` is in the thousands.
 //!
 //! [`run`] measures, [`Report`] prints as a table and draws itself as an SVG
-//! plot ([`Report::to_svg`]); [`run_demo`] does both with the defaults.
+//! or PNG plot ([`Report::write_plot`]); [`run_demo`] does both with the
+//! defaults.
 
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -404,21 +405,20 @@ impl Report {
         self.floors.iter().find(|f| f.offset == offset)
     }
 
-    /// The plot as a standalone SVG document.
-    pub fn to_svg(&self) -> String {
-        svg::render(self)
+    /// The plot as a standalone SVG document (drawn by `plotters`).
+    pub fn to_svg(&self) -> Result<String> {
+        crate::plot::svg_of(self)
     }
 
-    /// Writes [`Report::to_svg`] to `path`, creating missing parent folders.
-    pub fn write_svg(&self, path: &Path) -> Result<()> {
-        let io = |e: std::io::Error| Error::InvalidArgument {
-            op: "stability::write_svg",
-            msg: format!("cannot write {}: {e}", path.display()),
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        std::fs::write(path, self.to_svg()).map_err(io)
+    /// The plot as PNG bytes.
+    pub fn to_png(&self) -> Result<Vec<u8>> {
+        crate::plot::png_of(self)
+    }
+
+    /// Writes the plot to `path`, SVG or PNG by its extension (`.svg`,
+    /// `.png`; anything else is an error), creating missing parent folders.
+    pub fn write_plot(&self, path: &Path) -> Result<()> {
+        crate::plot::write_figure(self, path)
     }
 }
 
@@ -561,10 +561,11 @@ pub fn run(config: &Config) -> Result<Report> {
     })
 }
 
-/// Runs the default [`Config`] and writes the plot to `svg_path`.
-pub fn run_demo(svg_path: &Path) -> Result<Report> {
+/// Runs the default [`Config`] and writes the plot to `plot_path` (SVG or
+/// PNG by its extension).
+pub fn run_demo(plot_path: &Path) -> Result<Report> {
     let report = run(&Config::default())?;
-    report.write_svg(svg_path)?;
+    report.write_plot(plot_path)?;
     Ok(report)
 }
 
@@ -688,4 +689,4 @@ impl fmt::Display for Report {
     }
 }
 
-mod svg;
+mod plot;

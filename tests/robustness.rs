@@ -395,6 +395,7 @@ fn kind(e: &Error) -> &'static str {
         Error::NoBackward { .. } => "NoBackward",
         Error::DeviceMismatch { .. } => "DeviceMismatch",
         Error::Weights { .. } => "Weights",
+        Error::Plot { .. } => "Plot",
         Error::CudaUnavailable { .. } => "CudaUnavailable",
         Error::Cuda { .. } => "Cuda",
         Error::Unsupported { .. } => "Unsupported",

@@ -3,6 +3,7 @@
 //! seeded training loop for [`Gpt`]. `examples/tiny_transformer.rs` runs it
 //! at full size; the tests run it small.
 
+use super::progress::{Observer, Step};
 use super::{clip_grad_norm, AdamW, Gpt, GptConfig, Module, NormImpl, Optimizer, WarmupCosine};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -205,12 +206,33 @@ pub fn new_model(data: &CharData, config: &CharLmConfig, imp: NormImpl) -> Resul
 }
 
 /// Trains `model` (for example one loaded from a file) on `data`; batches
-/// are drawn from `config.seed`.
+/// are drawn from `config.seed`. `on_eval` sees each validation point.
 pub fn train_model(
+    model: Gpt<f32>,
+    data: &CharData,
+    config: &CharLmConfig,
+    on_eval: impl FnMut(&EvalPoint),
+) -> Result<CharLmRun> {
+    train_observed(model, data, config, &mut OnEval(on_eval))
+}
+
+/// A closure as an [`Observer`] of validation points only.
+struct OnEval<F>(F);
+
+impl<F: FnMut(&EvalPoint)> Observer for OnEval<F> {
+    fn on_eval(&mut self, e: &EvalPoint) {
+        (self.0)(e)
+    }
+}
+
+/// [`train_model`] telling `obs` of every step (loss, tokens so far) and
+/// every validation point; pass a [`super::progress::Bar`] for a progress
+/// bar.
+pub fn train_observed(
     mut model: Gpt<f32>,
     data: &CharData,
     config: &CharLmConfig,
-    mut on_eval: impl FnMut(&EvalPoint),
+    obs: &mut dyn Observer,
 ) -> Result<CharLmRun> {
     let shape = *model.config();
     if shape.vocab != data.vocab() {
@@ -239,7 +261,8 @@ pub fn train_model(
         .collect();
     let start = Instant::now();
     let (mut losses, mut evals) = (Vec::new(), Vec::new());
-    let mut eval = |model: &Gpt<f32>, step: usize| -> Result<()> {
+    // The observer is passed in, not captured: the loop tells it of steps too.
+    let mut eval = |model: &Gpt<f32>, step: usize, obs: &mut dyn Observer| -> Result<()> {
         let mut sum = 0.0;
         for (x, y) in &val {
             let tape = Tape::new();
@@ -251,27 +274,35 @@ pub fn train_model(
             val_bits: sum / val.len().max(1) as f64 / std::f64::consts::LN_2,
             seconds: start.elapsed().as_secs_f64(),
         };
-        on_eval(&e);
+        obs.on_eval(&e);
         evals.push(e);
         Ok(())
     };
     let mut step = 0;
     while step < config.steps && start.elapsed() < config.time_limit {
         if step % config.eval_every.max(1) == 0 {
-            eval(&model, step)?;
+            eval(&model, step, obs)?;
         }
         let (x, y) = CharData::batch(&data.train, b, t, &mut rng);
         let tape = Tape::new();
         let p = model.bind(&tape);
         let loss = model.loss(&p, &x, &y, b, t)?;
-        losses.push(scalar(loss.value())?);
+        let value = scalar(loss.value())?;
+        losses.push(value);
         let mut g = p.grads(&loss.backward()?)?;
         clip_grad_norm(&mut g, config.clip)?;
         opt.set_lr(schedule.lr(step as u64))?;
         opt.update(&mut model.params_mut(), &g)?;
         step += 1;
+        obs.on_step(&Step {
+            step,
+            steps: config.steps,
+            loss: value,
+            items: step * b * t,
+            seconds: start.elapsed().as_secs_f64(),
+        });
     }
-    eval(&model, step)?;
+    eval(&model, step, obs)?;
     let secs = start.elapsed().as_secs_f64();
     Ok(CharLmRun {
         tokens_per_s: (step * b * t) as f64 / secs.max(1e-9),

@@ -9,6 +9,7 @@
 //! - [`train_regression`]: fit a smooth function of 4 inputs with an MLP
 //!   using RMSNorm, mean squared error, Adam.
 
+use super::progress::{Observer, Silent, Step};
 use super::{Adam, AdamConfig, Mlp, MlpConfig, Module, Norm, NormImpl, Optimizer};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -186,6 +187,15 @@ pub fn spiral_model<T: Element>(config: &SpiralConfig) -> Result<Mlp<T>> {
 
 /// Trains the spiral classifier of `config` in precision `T`.
 pub fn train_spirals_with<T: Element>(config: &SpiralConfig) -> Result<TrainReport> {
+    train_spirals_observed::<T>(config, &mut Silent)
+}
+
+/// [`train_spirals_with`] telling `obs` of every step (loss, samples so
+/// far); pass a [`super::progress::Bar`] for a progress bar.
+pub fn train_spirals_observed<T: Element>(
+    config: &SpiralConfig,
+    obs: &mut dyn Observer,
+) -> Result<TrainReport> {
     let train = spirals::<T>(config.classes, config.per_class, config.noise, config.seed)?;
     let test = spirals::<T>(
         config.classes,
@@ -200,14 +210,23 @@ pub fn train_spirals_with<T: Element>(config: &SpiralConfig) -> Result<TrainRepo
     })?;
     let start = Instant::now();
     let mut losses = Vec::with_capacity(config.steps);
-    for _ in 0..config.steps {
+    let n = train.labels.len();
+    for step in 1..=config.steps {
         let tape = Tape::new();
         let p = model.bind(&tape);
         let logits = model.forward(&p, &tape.constant(train.x.clone()))?;
         let loss = ops::cross_entropy(&logits, &train.labels)?;
-        losses.push(scalar(loss.value())?);
+        let value = scalar(loss.value())?;
+        losses.push(value);
         let grads = loss.backward()?;
         opt.step(&mut model, &p, &grads)?;
+        obs.on_step(&Step {
+            step,
+            steps: config.steps,
+            loss: value,
+            items: step * n,
+            seconds: start.elapsed().as_secs_f64(),
+        });
     }
     let seconds = start.elapsed().as_secs_f64();
     let final_logits = model.predict(&train.x)?;
@@ -262,27 +281,36 @@ pub fn compare_spirals_with<T: Element>(config: &SpiralConfig) -> Result<Agreeme
             ..*config
         })
     };
-    let fused = run(NormImpl::Fused)?;
-    let composed = run(NormImpl::Composed)?;
-    let pairs = fused
-        .losses
-        .iter()
-        .chain([&fused.final_loss])
-        .zip(composed.losses.iter().chain([&composed.final_loss]));
-    let (mut max_abs_diff, mut max_rel_diff) = (0.0f64, 0.0f64);
-    for (a, b) in pairs {
-        let d = (a - b).abs();
-        // NaN is a disagreement, not a zero.
-        let d = if d.is_nan() { f64::INFINITY } else { d };
-        max_abs_diff = max_abs_diff.max(d);
-        max_rel_diff = max_rel_diff.max(d / b.abs().max(f64::MIN_POSITIVE));
+    Ok(Agreement::of(
+        run(NormImpl::Fused)?,
+        run(NormImpl::Composed)?,
+    ))
+}
+
+impl Agreement {
+    /// Compares two runs of the same settings step by step (and at the
+    /// final loss); a NaN on either side counts as an infinite difference.
+    pub fn of(fused: TrainReport, composed: TrainReport) -> Agreement {
+        let pairs = fused
+            .losses
+            .iter()
+            .chain([&fused.final_loss])
+            .zip(composed.losses.iter().chain([&composed.final_loss]));
+        let (mut max_abs_diff, mut max_rel_diff) = (0.0f64, 0.0f64);
+        for (a, b) in pairs {
+            let d = (a - b).abs();
+            // NaN is a disagreement, not a zero.
+            let d = if d.is_nan() { f64::INFINITY } else { d };
+            max_abs_diff = max_abs_diff.max(d);
+            max_rel_diff = max_rel_diff.max(d / b.abs().max(f64::MIN_POSITIVE));
+        }
+        Agreement {
+            fused,
+            composed,
+            max_abs_diff,
+            max_rel_diff,
+        }
     }
-    Ok(Agreement {
-        fused,
-        composed,
-        max_abs_diff,
-        max_rel_diff,
-    })
 }
 
 /// [`compare_spirals_with`] in f32 with default settings and `steps` steps.

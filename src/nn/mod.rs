@@ -63,6 +63,7 @@ mod layer_norm;
 mod linear;
 mod mlp;
 mod optim;
+pub mod progress;
 mod rms_norm;
 mod schedule;
 mod transformer;

@@ -1,0 +1,239 @@
+//! The training front ends (`fusegrad::app`, `fusegrad train ...`): small
+//! runs whose loss falls, fused and composed agreeing, plots that decode,
+//! observers that see every step, and the command line's errors.
+
+use fusegrad::app::{spirals, transformer};
+use fusegrad::nn::char_lm::CharLmConfig;
+use fusegrad::nn::demo::{train_spirals_observed, SpiralConfig};
+use fusegrad::nn::progress::{Observer, Step};
+use fusegrad::nn::GptConfig;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Width and height of a PNG file, and its number of distinct colours.
+fn png_facts(path: &Path) -> (u32, u32, usize) {
+    let file = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    let mut reader = png::Decoder::new(file).read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let mut colours: Vec<&[u8]> = buf[..info.buffer_size()].chunks_exact(3).collect();
+    colours.sort_unstable();
+    colours.dedup();
+    (info.width, info.height, colours.len())
+}
+
+#[derive(Default)]
+struct Record(Vec<Step>);
+
+impl Observer for Record {
+    fn on_step(&mut self, s: &Step) {
+        self.0.push(*s);
+    }
+}
+
+#[test]
+fn the_observer_sees_every_step_with_its_loss() {
+    let config = SpiralConfig {
+        steps: 12,
+        ..SpiralConfig::default()
+    };
+    let mut rec = Record::default();
+    let report = train_spirals_observed::<f32>(&config, &mut rec).unwrap();
+    let n = config.classes * config.per_class;
+    assert_eq!(rec.0.len(), 12);
+    for (i, s) in rec.0.iter().enumerate() {
+        assert_eq!((s.step, s.steps, s.items), (i + 1, 12, (i + 1) * n));
+        assert_eq!(s.loss, report.losses[i]);
+        assert!(s.rate() >= 0.0 && s.seconds >= 0.0);
+    }
+}
+
+#[test]
+fn spirals_run_falls_agrees_and_plots() {
+    let dir = tmp("app-spirals");
+    let o = spirals::Options {
+        config: SpiralConfig {
+            steps: 60,
+            ..SpiralConfig::default()
+        },
+        composed: true,
+        plots: Some(dir.clone()),
+        ..spirals::Options::default()
+    };
+    let s = spirals::run(&o).unwrap();
+    let first = s.fused.losses[0];
+    assert!(
+        s.fused.final_loss < 0.7 * first,
+        "{first} -> {}",
+        s.fused.final_loss
+    );
+    let a = s.agreement.unwrap();
+    assert!(
+        a.max_rel_diff < 1e-3,
+        "fused vs composed {}",
+        a.max_rel_diff
+    );
+    assert_eq!(
+        s.plots,
+        [dir.join("spirals_loss.png"), dir.join("spirals_loss.svg")]
+    );
+    let (w, h, colours) = png_facts(&s.plots[0]);
+    assert_eq!((w, h), (900, 560));
+    assert!(colours > 20, "{colours} colours: text is anti-aliased");
+    let svg = std::fs::read_to_string(&s.plots[1]).unwrap();
+    assert!(svg.contains("fused LayerNorm") && svg.contains("composed LayerNorm"));
+}
+
+#[test]
+fn transformer_run_falls_agrees_saves_and_resumes() {
+    let dir = tmp("app-transformer");
+    let text: String = (0..400)
+        .map(|i| format!("fn add{}(a: i32) -> i32 {{ a + {} }}\n", i % 7, i % 3))
+        .collect();
+    let text_file = dir.join("text.rs");
+    std::fs::write(&text_file, text).unwrap();
+    let config = CharLmConfig {
+        model: GptConfig {
+            vocab: 0,
+            context: 16,
+            width: 32,
+            heads: 2,
+            layers: 2,
+        },
+        batch: 8,
+        steps: 40,
+        time_limit: Duration::MAX,
+        lr: 3e-3,
+        warmup: 5,
+        eval_every: 20,
+        eval_batches: 2,
+        ..CharLmConfig::default()
+    };
+    let weights = dir.join("w.safetensors");
+    let o = transformer::Options {
+        config,
+        text: Some(text_file),
+        composed: true,
+        save: Some(weights.clone()),
+        plots: Some(dir.clone()),
+        ..transformer::Options::default()
+    };
+    let s = transformer::run(&o).unwrap();
+    let (first, last) = (s.fused.evals[0].val_bits, s.fused.evals[2].val_bits);
+    assert!(last < 0.8 * first, "validation {first} -> {last}");
+    assert!(s.max_rel_diff.unwrap() < 1e-3, "{:?}", s.max_rel_diff);
+    assert_eq!(s.composed.as_ref().unwrap().losses.len(), 40);
+    assert!(weights.exists());
+    assert_eq!(png_facts(&s.plots[0]).0, 900);
+    // Resuming from the saved weights starts where the first run ended.
+    let again = transformer::Options {
+        config: CharLmConfig { steps: 0, ..config },
+        load: Some(weights),
+        save: None,
+        composed: false,
+        plots: None,
+        ..o
+    };
+    let r = transformer::run(&again).unwrap();
+    assert!(r.plots.is_empty());
+    let resumed = r.fused.evals[0].val_bits;
+    assert!((resumed - last).abs() < 1e-9, "{resumed} vs {last}");
+}
+
+#[test]
+fn defaults_on_the_command_line_match_the_library() {
+    let m = transformer::command("t").get_matches_from(["t"]);
+    let o = transformer::Options::from_matches(&m).unwrap();
+    assert_eq!(
+        o,
+        transformer::Options {
+            progress: true,
+            ..transformer::Options::default()
+        }
+    );
+    let m = spirals::command("s").get_matches_from(["s"]);
+    let o = spirals::Options::from_matches(&m).unwrap();
+    assert_eq!(
+        o,
+        spirals::Options {
+            progress: true,
+            ..spirals::Options::default()
+        }
+    );
+    for bad in ["--minutes=-1", "--minutes=NaN"] {
+        let m = transformer::command("t")
+            .try_get_matches_from(["t", bad])
+            .unwrap();
+        assert!(transformer::Options::from_matches(&m).is_err(), "{bad}");
+    }
+}
+
+fn fusegrad(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fusegrad"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn train_command_prints_plain_lines_when_piped() {
+    let dir = tmp("cli-spirals");
+    let plots = dir.to_str().unwrap();
+    let (code, out, err) = fusegrad(&["train", "spirals", "--steps", "25", "--plots", plots]);
+    assert_eq!(code, 0, "{err}");
+    // No bar on a pipe: no carriage returns or escape codes in the figures.
+    assert!(!out.contains('\r') && !out.contains('\u{1b}'), "{out:?}");
+    assert!(!err.contains('\r') && !err.contains('\u{1b}'), "{err:?}");
+    assert!(out
+        .lines()
+        .any(|l| l.starts_with("fused:") && l.contains("samples/s")));
+    assert!(out.contains("loss plot:"));
+    assert!(dir.join("spirals_loss.png").exists() && dir.join("spirals_loss.svg").exists());
+}
+
+#[test]
+fn command_line_errors_are_clear() {
+    let (code, _, err) = fusegrad(&["train", "spirals", "--bogus"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--bogus") && err.contains("Usage"), "{err}");
+    let (code, _, err) = fusegrad(&["train", "transformer", "--device", "cuda"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("CUDA unavailable"), "{err}");
+    let (code, _, err) = fusegrad(&["train", "transformer", "--steps", "many"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = fusegrad(&["stability", "--plot", "out.txt"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(".svg or .png"), "{err}");
+    let (code, out, _) = fusegrad(&["train", "--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("spirals") && out.contains("transformer"),
+        "{out}"
+    );
+    let (code, out, _) = fusegrad(&["train", "transformer", "--help"]);
+    assert_eq!(code, 0);
+    for flag in [
+        "--text",
+        "--steps",
+        "--composed",
+        "--device",
+        "--save",
+        "--load",
+        "--seed",
+    ] {
+        assert!(out.contains(flag), "{flag} missing from\n{out}");
+    }
+}
