@@ -19,5 +19,5 @@ for l in sys.stdin:
     cp "$exe" "$kit/test-$t"
 done
 strip "$kit"/fusegrad "$kit"/test-*
-cp scripts/gpu-check.sh scripts/bench_torch.py "$kit/"
+cp scripts/gpu-check.sh scripts/bench_torch_cuda.py "$kit/"
 du -sh "$kit"

@@ -31,4 +31,8 @@ for t in kernels cuda_unavailable cuda; do
     timeout 300 "./test-$t" --test-threads=1 --nocapture > "$out/test-$t.txt" 2>&1
     echo "test-$t rc=$?" >> "$out/summary.txt"
 done
+timeout 300 ./fusegrad bench --device cuda --json > "$out/bench-cuda.json" 2> "$out/bench-cuda.err"
+echo "bench rc=$?" >> "$out/summary.txt"
+timeout 300 python3 bench_torch_cuda.py --fusegrad "$out/bench-cuda.json" > "$out/bench-torch.txt" 2>&1
+echo "torch rc=$?" >> "$out/summary.txt"
 cat "$out/summary.txt"

@@ -18,6 +18,10 @@
 //! (a copy of only `N * D` elements would fit in a cache that `x`, `y`,
 //! `dy` and `dx` together do not).
 
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+pub use cuda::{measure_cuda, run_cuda, CudaRow, CUDA_HEADER, CUDA_SHAPES};
 mod prims;
 pub use prims::{measure_prims, run_prims, PrimRow, PRIM_HEADER, PRIM_SHAPES};
 

@@ -137,6 +137,29 @@ fn kernels() -> Result<bool> {
     Ok(spills == 0)
 }
 
+/// The fused norms on the GPU against a same-run copy and the composed
+/// twin (CUDA events, median of 20 reps).
+#[cfg(feature = "cuda")]
+fn bench_cuda(json: bool) -> Result<bool> {
+    let rows = bench::run_cuda(20)?;
+    if json {
+        let r: Vec<String> = rows.iter().map(|r| r.json()).collect();
+        println!("{{\"device\":\"cuda:0\",\"rows\":[{}]}}", r.join(","));
+    } else {
+        section("Benchmark on cuda:0: fused norms vs same-run device copy and composed twin");
+        println!("{}", bench::CUDA_HEADER);
+        for r in &rows {
+            println!("{r}");
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bench_cuda(_json: bool) -> Result<bool> {
+    Device::Cuda(0).ensure_available().map(|_| false)
+}
+
 #[cfg(not(feature = "cuda"))]
 fn kernels() -> Result<bool> {
     Device::Cuda(0).ensure_available().map(|_| false)
@@ -212,6 +235,7 @@ fn run() -> Result<bool> {
         Some(("bench", a)) => {
             if a.get_one::<String>("device").map(String::as_str) == Some("cuda") {
                 Device::Cuda(0).ensure_available()?;
+                return bench_cuda(a.get_flag("json"));
             }
             if a.get_flag("prims") {
                 prims_only().map(|_| true)
