@@ -13,7 +13,7 @@ typedef unsigned int u32;
 
 // Tunables. Changing one changes no result bits except NV_FWD / nvb() (they
 // feed the host's tpr rule, and tpr fixes the summation order).
-constexpr int NV_FWD = 4;        // 16-byte chunks per thread held by the forward
+constexpr int NV_FWD = 8;        // 16-byte chunks per thread held by the forward
 constexpr int RED_GROUPS = 4;    // most groups per block when tpr > 32
 constexpr int PF_BYTES = 16384;  // row bytes prefetched into L2 ahead of use
 constexpr int PF_MAX_ROWS = 8;   // at most this many rows ahead
@@ -22,7 +22,7 @@ constexpr int BIG_U = 4;         // chunks per thread in flight on the big path
 // Chunks (16 bytes = VEC elements) per thread the backward holds: two
 // tensors (x, dy) plus the dgamma/dbeta accumulators stay within 64 registers.
 template <class T> __host__ __device__ constexpr int vec_of() { return 16 / (int)sizeof(T); }
-template <class T> __host__ __device__ constexpr int nvb() { return sizeof(T) == 2 ? 1 : 2; }
+template <class T> __host__ __device__ constexpr int nvb() { return 2; }
 
 // ---- IEEE operations one at a time (no FMA contraction), as the CPU does.
 __device__ __forceinline__ float add_(float a, float b) { return __fadd_rn(a, b); }
@@ -64,9 +64,13 @@ template <class A> __device__ __forceinline__ A nan_max(A a, A b) {
 __device__ __forceinline__ double pow2(int k) {
     return __longlong_as_double((long long)(k + 1023) << 52);
 }
-__device__ __forceinline__ double scale(double v, int k) {
+__device__ __noinline__ double scale_far(double v, int k) {
     while (k > 1000) { v = __dmul_rn(v, pow2(1000)); k -= 1000; }
     while (k < -1000) { v = __dmul_rn(v, pow2(-1000)); k += 1000; }
+    return __dmul_rn(v, pow2(k));
+}
+__device__ __forceinline__ double scale(double v, int k) {
+    if (k > 1000 || k < -1000) return scale_far(v, k);
     return __dmul_rn(v, pow2(k));
 }
 __device__ __forceinline__ int exponent(double m) {
@@ -131,63 +135,60 @@ template <class T> __device__ __forceinline__ T raw_elem(const u32 *w, int e) {
 __device__ __forceinline__ float abs_(float a) { return fabsf(a); }
 __device__ __forceinline__ double abs_(double a) { return fabs(a); }
 
-// ---- Which elements of a row a thread owns.
-// chunked (d % VEC == 0): chunk c = k*tpr + lane holds elements c*VEC + e;
-// interleaved (other d):  element (k*VEC + e)*tpr + lane, so that every
-// scalar access of a warp is coalesced. Both depend only on (d, tpr).
+// ---- Which elements of a row a thread owns (lane of a team of tpr).
+// Element e (< VEC) of the thread's chunk k is at off + k*kstride + e*estride
+// with kstride = VEC*tpr, and exists iff k*VEC + e < lim:
+//   chunked (d % VEC == 0): off = lane*VEC, estride = 1, so a chunk is 16
+//     contiguous bytes (one vector access when the pointers are aligned);
+//   interleaved (other d): off = lane, estride = tpr, so every scalar access
+//     of a warp is coalesced.
+// It depends only on (d, tpr, lane): so does each thread's summation order.
 struct Map {
-    i64 d;
+    i64 d, lim, off, kstride, estride;
     int tpr, lane;
     bool chunked;
 };
 template <class T> __device__ __forceinline__ i64 eidx(const Map &m, i64 k, int e) {
-    constexpr int VEC = vec_of<T>();
-    return m.chunked ? (k * m.tpr + m.lane) * VEC + e : (k * VEC + e) * m.tpr + m.lane;
+    return m.off + k * m.kstride + e * m.estride;
+}
+template <class T> __device__ __forceinline__ bool has(const Map &m, i64 k, int e) {
+    return k * vec_of<T>() + e < m.lim;
 }
 __device__ __forceinline__ bool aligned16(const void *p) { return (((u64)p) & 15) == 0; }
 
-// Chunk k of row p into w (elements outside the row are left as they are).
+// 16-byte load/store of one chunk.
+template <class T> __device__ __forceinline__ void ld16(u32 *w, const T *p) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
+    w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+}
+template <class T> __device__ __forceinline__ void st16(T *p, const u32 *w) {
+    *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Chunk k of row p into w (absent elements are left as they are); `vec`
+// (chunked and every pointer 16-byte aligned) loads it as one vector.
 template <class T>
 __device__ __forceinline__ void load_chunk(u32 *w, const T *__restrict__ p, const Map &m, i64 k, bool vec) {
     constexpr int VEC = vec_of<T>();
-    if (m.chunked) {
-        const i64 base = (k * m.tpr + m.lane) * VEC;
-        if (base < m.d) {
-            if (vec) {
-                const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p + base));
-                w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) Raw<T>::put(w, e, p[base + e]);
-            }
-        }
+    const T *q = p + m.off + k * m.kstride;
+    if (vec) {
+        if (k * VEC < m.lim) ld16(w, q);
     } else {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            const i64 i = (k * VEC + e) * m.tpr + m.lane;
-            if (i < m.d) Raw<T>::put(w, e, p[i]);
-        }
+        for (int e = 0; e < VEC; ++e)
+            if (k * VEC + e < m.lim) Raw<T>::put(w, e, q[e * m.estride]);
     }
 }
 template <class T>
 __device__ __forceinline__ void store_chunk(T *__restrict__ p, const u32 *w, const Map &m, i64 k, bool vec) {
     constexpr int VEC = vec_of<T>();
-    if (m.chunked) {
-        const i64 base = (k * m.tpr + m.lane) * VEC;
-        if (base < m.d) {
-            if (vec) {
-                *reinterpret_cast<uint4 *>(p + base) = make_uint4(w[0], w[1], w[2], w[3]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) p[base + e] = raw_elem<T>(w, e);
-            }
-        }
+    T *q = p + m.off + k * m.kstride;
+    if (vec) {
+        if (k * VEC < m.lim) st16(q, w);
     } else {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            const i64 i = (k * VEC + e) * m.tpr + m.lane;
-            if (i < m.d) p[i] = raw_elem<T>(w, e);
-        }
+        for (int e = 0; e < VEC; ++e)
+            if (k * VEC + e < m.lim) q[e * m.estride] = raw_elem<T>(w, e);
     }
 }
 __device__ __forceinline__ void zero4(u32 *w) { w[0] = w[1] = w[2] = w[3] = 0u; }
@@ -291,6 +292,134 @@ __device__ __forceinline__ RowNorm row_norm(SumF sum_over, double x0, double ama
     return rn;
 }
 
+// The slow paths run out of line (they are rare, and inlined they would
+// crowd the fast path's registers) and read the row again from global
+// memory, one element per thread at a time (j = lane + i*tpr). Every lane of
+// a warp enters (after a vote); `active` says whether this group's row is
+// out of range. They begin and end with the group's barrier, so their use of
+// the reduction scratch never meets the caller's.
+struct FwdSlow {
+    bool scaled;
+    double mean, rstd;
+};
+// Writes y for the group's row (if `valid`): from the scaled fallback where
+// `active` and the row is finite, else from (mean, rstd) with the fast
+// path's formula, element j = lane + i*tpr (the formula is per element, so
+// the bits do not depend on which thread computes it).
+template <class T, bool CEN>
+__device__ __forceinline__ FwdSlow fwd_slow(const T *__restrict__ xr, const T *__restrict__ gamma,
+                                            const T *__restrict__ beta, T *__restrict__ yr, i64 d, double eps,
+                                            bool active, bool valid, acc_t<T> mean, acc_t<T> rstd, double *buf,
+                                            int tpr, int lane, int g) {
+    typedef acc_t<T> A;
+    Red r;
+    r.buf = buf; r.tpr = tpr; r.lane = lane; r.g = g; r.phase = 0;
+    if (tpr > 32) named_bar(1 + g, tpr);
+    const i64 dn = active ? d : 0;
+    A am[1] = {0};
+#pragma unroll 1
+    for (i64 j = lane; j < dn; j += tpr) am[0] = nan_max(am[0], abs_(to_acc(xr[j])));
+    team_reduce<A, 1, true>(am, r);
+    // Only rows with every value finite are rescued; NaN/inf propagate.
+    const bool sc = active && finite_(am[0]);
+    FwdSlow o;
+    o.scaled = false;
+    o.mean = o.rstd = 0.0;
+    RowNorm rn;
+    rn.kx = rn.kout = 0;
+    rn.shift = 0.0;
+    rn.r = 1.0;
+    if (__any_sync(FGN_FULL, sc)) {
+        auto sum_over = [&](auto f) -> double {
+            double s = 0.0;
+#pragma unroll 1
+            for (i64 j = lane; j < dn; j += tpr) s = __dadd_rn(s, f((double)to_acc(xr[j])));
+            return team_sum(s, r);
+        };
+        const double x0 = active ? (double)to_acc(xr[0]) : 0.0;
+        rn = row_norm<CEN>(sum_over, x0, (double)am[0], (double)d, eps);
+        if (sc) {
+            o.scaled = true;
+            o.mean = rn.mean();
+            o.rstd = rn.rstd();
+        }
+    }
+    const i64 dv = valid ? d : 0;
+#pragma unroll 1
+    for (i64 j = lane; j < dv; j += tpr) {
+        const A v = to_acc(xr[j]);
+        if (sc) {
+            // scaled.rs forward_rows: absent gamma is 1.0, absent beta 0.0.
+            const double gd = gamma ? (double)to_acc(gamma[j]) : 1.0;
+            const double bd = (CEN && beta) ? (double)to_acc(beta[j]) : 0.0;
+            yr[j] = from_f64<T>(__dadd_rn(__dmul_rn(rn.xhat((double)v), gd), bd));
+        } else {
+            A t = CEN ? mul_(sub_(v, mean), rstd) : mul_(v, rstd);
+            if (gamma) t = mul_(t, to_acc(gamma[j]));
+            if (CEN && beta) t = add_(t, to_acc(beta[j]));
+            yr[j] = from_acc<T>(t);
+        }
+    }
+    if (tpr > 32) named_bar(1 + g, tpr);
+    return o;
+}
+
+struct BwdSlow {
+    bool scaled;
+    RowNorm rn;
+    double mgd, mgxd;  // <g>, <g xhat> in f64 (mgd 0 for RMSNorm)
+};
+template <class T, bool CEN>
+__device__ __forceinline__ BwdSlow bwd_slow(const T *__restrict__ xr, const T *__restrict__ dr,
+                                         const T *__restrict__ gamma, i64 d, double eps, bool active,
+                                         double *buf, int tpr, int lane, int g) {
+    typedef acc_t<T> A;
+    Red r;
+    r.buf = buf; r.tpr = tpr; r.lane = lane; r.g = g; r.phase = 0;
+    if (tpr > 32) named_bar(1 + g, tpr);
+    const i64 dn = active ? d : 0;
+    A am[1] = {0};
+#pragma unroll 1
+    for (i64 j = lane; j < dn; j += tpr) am[0] = nan_max(am[0], abs_(to_acc(xr[j])));
+    team_reduce<A, 1, true>(am, r);
+    const bool sc = active && finite_(am[0]);
+    BwdSlow o;
+    o.scaled = false;
+    o.mgd = o.mgxd = 0.0;
+    o.rn.kx = o.rn.kout = 0;
+    o.rn.shift = 0.0;
+    o.rn.r = 1.0;
+    if (__any_sync(FGN_FULL, sc)) {
+        auto sum_over = [&](auto f) -> double {
+            double s = 0.0;
+#pragma unroll 1
+            for (i64 j = lane; j < dn; j += tpr) s = __dadd_rn(s, f((double)to_acc(xr[j])));
+            return team_sum(s, r);
+        };
+        const double x0 = active ? (double)to_acc(xr[0]) : 0.0;
+        const RowNorm rn = row_norm<CEN>(sum_over, x0, (double)am[0], (double)d, eps);
+        double s[2] = {0.0, 0.0};
+#pragma unroll 1
+        for (i64 j = lane; j < dn; j += tpr) {
+            const double gd = gamma ? (double)to_acc(gamma[j]) : 1.0;
+            const double h = rn.xhat((double)to_acc(xr[j]));
+            const double gg = __dmul_rn((double)to_acc(dr[j]), gd);
+            s[0] = __dadd_rn(s[0], gg);
+            s[1] = __dadd_rn(s[1], __dmul_rn(gg, h));
+        }
+        team_reduce<double, 2, false>(s, r);
+        if (sc) {
+            const double inv_d = __ddiv_rn(1.0, (double)d);
+            o.scaled = true;
+            o.rn = rn;
+            o.mgd = CEN ? __dmul_rn(s[0], inv_d) : 0.0;
+            o.mgxd = __dmul_rn(s[1], inv_d);
+        }
+    }
+    if (tpr > 32) named_bar(1 + g, tpr);
+    return o;
+}
+
 // ---- Per-kernel setup shared by forward and backward.
 struct Geo {
     Map m;
@@ -313,6 +442,14 @@ __device__ __forceinline__ Geo setup(double *red, i64 n, i64 d, int tpr, i64 rpr
     g.m.tpr = tpr;
     g.m.lane = g.r.lane;
     g.m.chunked = (d % VEC) == 0;
+    {
+        const i64 units = g.m.chunked ? d / VEC : d;  // chunks or elements of the row
+        const i64 mine = units > g.r.lane ? (units - g.r.lane + tpr - 1) / tpr : 0;
+        g.m.lim = g.m.chunked ? mine * VEC : mine;
+        g.m.off = g.m.chunked ? (i64)g.r.lane * VEC : (i64)g.r.lane;
+        g.m.kstride = (i64)VEC * tpr;
+        g.m.estride = g.m.chunked ? 1 : tpr;
+    }
     g.G = (int)(blockDim.x / (unsigned)tpr);
     g.P = (n + rpr - 1) / rpr;
     const i64 c = (d + VEC - 1) / VEC;
@@ -321,179 +458,39 @@ __device__ __forceinline__ Geo setup(double *red, i64 n, i64 d, int tpr, i64 rpr
     return g;
 }
 
-// Prefetch for row `row` (i-th of its range): at the range's first row the
-// rows up to `ahead` on, later the row `ahead` on; never past the range.
-__device__ __forceinline__ void prefetch_ahead(const void *base, i64 row_bytes, i64 row, i64 i,
-                                               i64 rpr, i64 n, const Geo &g) {
+// L2 prefetch for the `i`-th row of a range: at the range's first row the
+// next `ahead` rows, later the row `ahead` on; never past the range.
+__device__ __forceinline__ void prefetch_ahead(const void *base, i64 row_bytes, i64 row, i64 i, i64 rpr,
+                                               i64 n, const Geo &g) {
     const char *b = (const char *)base;
     for (int a = (i == 0 ? 1 : g.ahead); a <= g.ahead; ++a) {
         if (i + a < rpr && row + a < n) prefetch_row(b + (row + a) * row_bytes, row_bytes, g.m.lane, g.m.tpr);
     }
 }
 
-// ===========================================================================
-// Forward
-// ===========================================================================
-
-// Writes y for a row from its statistics, and optional gamma/beta, chunk by
-// chunk; `get(k, e)` gives element (k, e) of x widened.
-template <class T, bool CEN, class GetX>
-__device__ __forceinline__ void fwd_out_chunk(T *__restrict__ yr, const T *__restrict__ gamma,
-                                              const T *__restrict__ beta, const Map &m, i64 k, bool vec,
-                                              acc_t<T> mean, acc_t<T> rstd, GetX get) {
-    typedef acc_t<T> A;
-    constexpr int VEC = vec_of<T>();
-    u32 gw[4], bw[4], ow[4];
-    zero4(gw); zero4(bw); zero4(ow);
-    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
-    if (CEN && beta) load_chunk<T>(bw, beta, m, k, vec);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-        if (eidx<T>(m, k, e) < m.d) {
-            const A v = get(e);
-            A t = CEN ? mul_(sub_(v, mean), rstd) : mul_(v, rstd);
-            if (gamma) t = mul_(t, Raw<T>::get(gw, e));
-            if (CEN && beta) t = add_(t, Raw<T>::get(bw, e));
-            Raw<T>::put(ow, e, from_acc<T>(t));
-        }
-    }
-    store_chunk<T>(yr, ow, m, k, vec);
-}
-// The same from the scaled fallback, in f64 (scaled.rs forward_rows: absent
-// gamma is 1.0, absent beta 0.0).
-template <class T, bool CEN, class GetX>
-__device__ __forceinline__ void fwd_out_chunk_scaled(T *__restrict__ yr, const T *__restrict__ gamma,
-                                                     const T *__restrict__ beta, const Map &m, i64 k,
-                                                     bool vec, const RowNorm &rn, GetX get) {
-    constexpr int VEC = vec_of<T>();
-    u32 gw[4], bw[4], ow[4];
-    zero4(gw); zero4(bw); zero4(ow);
-    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
-    if (CEN && beta) load_chunk<T>(bw, beta, m, k, vec);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-        if (eidx<T>(m, k, e) < m.d) {
-            const double gd = gamma ? (double)Raw<T>::get(gw, e) : 1.0;
-            const double bd = (CEN && beta) ? (double)Raw<T>::get(bw, e) : 0.0;
-            const double t = __dadd_rn(__dmul_rn(rn.xhat((double)get(e)), gd), bd);
-            Raw<T>::put(ow, e, from_f64<T>(t));
-        }
-    }
-    store_chunk<T>(yr, ow, m, k, vec);
-}
-
-// One row, held in registers (d <= NV_FWD * VEC * tpr).
-template <class T, bool CEN>
-__device__ __forceinline__ void fwd_row_held(const T *__restrict__ x, const T *__restrict__ gamma,
-                                             const T *__restrict__ beta, T *__restrict__ y,
-                                             acc_t<T> *__restrict__ mean_out, acc_t<T> *__restrict__ rstd_out,
-                                             i64 row, bool valid, acc_t<T> eps, bool vec, Geo &g) {
-    typedef acc_t<T> A;
-    constexpr int VEC = vec_of<T>(), NV = NV_FWD;
-    const Map &m = g.m;
-    const i64 d = m.d;
-    const T *xr = x + row * d;
-    u32 w[NV][4];
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        zero4(w[k]);
-        if (valid) load_chunk<T>(w[k], xr, m, k, vec);
-    }
-    A x0 = 0, mean = 0;
-    if (CEN) {
-        if (valid) x0 = to_acc(xr[0]);
-        A s = 0;
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e)
-                if (eidx<T>(m, k, e) < d) s = add_(s, sub_(Raw<T>::get(w[k], e), x0));
-        s = team_sum(s, g.r);
-        mean = add_(x0, div_(s, (A)d));
-    }
-    A q = 0;
-#pragma unroll
-    for (int k = 0; k < NV; ++k)
-#pragma unroll
-        for (int e = 0; e < VEC; ++e)
-            if (eidx<T>(m, k, e) < d) {
-                const A c = CEN ? sub_(Raw<T>::get(w[k], e), mean) : Raw<T>::get(w[k], e);
-                q = add_(q, mul_(c, c));
-            }
-    q = team_sum(q, g.r);
-    A rstd = div_((A)1, sqrt_(add_(div_(q, (A)d), eps)));
-    T *yr = y + row * d;
-
-    // Out of the trusted range: if the row is finite, the scaled fallback.
-    // The vote keeps every lane of a warp in the reductions below.
-    const bool slow = valid && !trusted(mean, rstd);
-    bool done = false;
-    if (__any_sync(FGN_FULL, slow)) {
-        A am[1] = {0};
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e)
-                if (eidx<T>(m, k, e) < d) am[0] = nan_max(am[0], abs_(Raw<T>::get(w[k], e)));
-        team_reduce<A, 1, true>(am, g.r);
-        const bool scaled = slow && finite_(am[0]);
-        if (__any_sync(FGN_FULL, scaled)) {
-            auto sum_over = [&](auto f) -> double {
-                double s = 0.0;
-#pragma unroll
-                for (int k = 0; k < NV; ++k)
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e)
-                        if (eidx<T>(m, k, e) < d) s = __dadd_rn(s, f((double)Raw<T>::get(w[k], e)));
-                return team_sum(s, g.r);
-            };
-            const RowNorm rn = row_norm<CEN>(sum_over, (double)x0, (double)am[0], (double)d, (double)eps);
-            if (scaled) {
-#pragma unroll
-                for (int k = 0; k < NV; ++k)
-                    fwd_out_chunk_scaled<T, CEN>(yr, gamma, beta, m, k, vec, rn,
-                                                 [&](int e) { return Raw<T>::get(w[k], e); });
-                mean = acc_of(rn.mean(), mean);
-                rstd = acc_of(rn.rstd(), rstd);
-                done = true;
-            }
-        }
-    }
-    if (valid && !done) {
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-            fwd_out_chunk<T, CEN>(yr, gamma, beta, m, k, vec, mean, rstd,
-                                  [&](int e) { return Raw<T>::get(w[k], e); });
-    }
-    if (valid && m.lane == 0) {
-        if (CEN) mean_out[row] = mean;
-        rstd_out[row] = rstd;
-    }
-}
-
-// Streams the thread's chunks of row p, BIG_U loads in flight:
-// f(k, w) for each chunk k < kn.
-template <class T, class F>
+// Streams the thread's chunks of a row (two rows: stream2), BIG_U loads in
+// flight: f(k, w...) for each chunk k < kn, in order.
+template <class T, class F, int U = BIG_U>
 __device__ __forceinline__ void stream1(const T *__restrict__ p, const Map &m, i64 kn, bool vec, F f) {
-    for (i64 k0 = 0; k0 < kn; k0 += BIG_U) {
-        u32 w[BIG_U][4];
+    for (i64 k0 = 0; k0 < kn; k0 += U) {
+        u32 w[U][4];
 #pragma unroll
-        for (int u = 0; u < BIG_U; ++u) {
+        for (int u = 0; u < U; ++u) {
             zero4(w[u]);
             if (k0 + u < kn) load_chunk<T>(w[u], p, m, k0 + u, vec);
         }
 #pragma unroll
-        for (int u = 0; u < BIG_U; ++u)
+        for (int u = 0; u < U; ++u)
             if (k0 + u < kn) f(k0 + u, w[u]);
     }
 }
-template <class T, class F>
+template <class T, class F, int U = BIG_U / 2>
 __device__ __forceinline__ void stream2(const T *__restrict__ p, const T *__restrict__ q, const Map &m, i64 kn,
                                         bool vec, F f) {
-    for (i64 k0 = 0; k0 < kn; k0 += BIG_U) {
-        u32 a[BIG_U][4], b[BIG_U][4];
+    for (i64 k0 = 0; k0 < kn; k0 += U) {
+        u32 a[U][4], b[U][4];
 #pragma unroll
-        for (int u = 0; u < BIG_U; ++u) {
+        for (int u = 0; u < U; ++u) {
             zero4(a[u]);
             zero4(b[u]);
             if (k0 + u < kn) {
@@ -502,91 +499,218 @@ __device__ __forceinline__ void stream2(const T *__restrict__ p, const T *__rest
             }
         }
 #pragma unroll
-        for (int u = 0; u < BIG_U; ++u)
+        for (int u = 0; u < U; ++u)
             if (k0 + u < kn) f(k0 + u, a[u], b[u]);
     }
 }
 
-// One row too long to hold: each pass reads it again (from L2 for rows that
-// fit there). Same arithmetic, same order as the held path.
+// ===========================================================================
+// Forward
+// ===========================================================================
+
+// Per-thread partial sums of one chunk: sum (x - x0), and sum c^2 with
+// c = x - mean (LayerNorm) or x (RMSNorm).
+template <class T>
+__device__ __forceinline__ acc_t<T> chunk_shift_sum(const u32 *w, const Map &m, i64 k, acc_t<T> x0, acc_t<T> s) {
+    constexpr int VEC = vec_of<T>();
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+        if (has<T>(m, k, e)) s = add_(s, sub_(Raw<T>::get(w, e), x0));
+    return s;
+}
+template <class T, bool CEN>
+__device__ __forceinline__ acc_t<T> chunk_sq_sum(const u32 *w, const Map &m, i64 k, acc_t<T> mean, acc_t<T> q) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+        if (has<T>(m, k, e)) {
+            const A c = CEN ? sub_(Raw<T>::get(w, e), mean) : Raw<T>::get(w, e);
+            q = add_(q, mul_(c, c));
+        }
+    return q;
+}
+
+// y for one chunk: ((x - mean) rstd) gamma + beta, each step rounded, as the
+// CPU (absent gamma/beta are skipped: x*1 and x + -0 are exact).
+template <class T, bool CEN>
+__device__ __forceinline__ void fwd_out_chunk(T *__restrict__ yr, const T *__restrict__ gamma,
+                                              const T *__restrict__ beta, const Map &m, i64 k, bool vec,
+                                              const u32 *w, acc_t<T> mean, acc_t<T> rstd) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    u32 gw[4], bw[4], ow[4];
+    zero4(gw); zero4(bw); zero4(ow);
+    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
+    if (CEN && beta) load_chunk<T>(bw, beta, m, k, vec);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        if (has<T>(m, k, e)) {
+            const A v = Raw<T>::get(w, e);
+            A t = CEN ? mul_(sub_(v, mean), rstd) : mul_(v, rstd);
+            if (gamma) t = mul_(t, Raw<T>::get(gw, e));
+            if (CEN && beta) t = add_(t, Raw<T>::get(bw, e));
+            Raw<T>::put(ow, e, from_acc<T>(t));
+        }
+    }
+    store_chunk<T>(yr, ow, m, k, vec);
+}
+
+// A row whose statistics are out of the trusted range (any in the warp: the
+// vote keeps every lane in the reductions) goes through fwd_slow, which
+// writes y for every valid row of the warp; the scaled rows' statistics
+// replace mean and rstd.
+template <class T, bool CEN>
+__device__ __forceinline__ void fwd_slow_stats(const T *xr, const T *gamma, const T *beta, T *yr, bool slow,
+                                               bool valid, double eps_d, acc_t<T> &mean, acc_t<T> &rstd,
+                                               Geo &g) {
+    const FwdSlow o = fwd_slow<T, CEN>(xr, gamma, beta, yr, g.m.d, eps_d, slow, valid, mean, rstd, g.r.buf,
+                                       g.r.tpr, g.r.lane, g.r.g);
+    if (o.scaled) {
+        mean = acc_of(o.mean, mean);
+        rstd = acc_of(o.rstd, rstd);
+    }
+}
+
+// y for one held chunk (16-byte aligned): ((x - mean) rstd) gamma + beta.
+template <class T, bool CEN>
+__device__ __forceinline__ void fwd_out16(T *yp, const T *gp, const T *bp, const u32 *w, acc_t<T> mean,
+                                          acc_t<T> rstd) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    u32 gw[4], bw[4], ow[4];
+    if (gp) ld16(gw, gp);
+    if (CEN && bp) ld16(bw, bp);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        const A v = Raw<T>::get(w, e);
+        A t = CEN ? mul_(sub_(v, mean), rstd) : mul_(v, rstd);
+        if (gp) t = mul_(t, Raw<T>::get(gw, e));
+        if (CEN && bp) t = add_(t, Raw<T>::get(bw, e));
+        Raw<T>::put(ow, e, from_acc<T>(t));
+    }
+    st16(yp, ow);
+}
+
+// One row held in registers (aligned, d % VEC == 0, d <= NV_FWD*VEC*tpr):
+// x is read from global memory once. Chunk k of the thread is elements
+// (k*tpr + lane)*VEC .. +VEC, present for k < nk.
+template <class T, bool CEN>
+__device__ __forceinline__ void fwd_row_held(const T *__restrict__ x, const T *__restrict__ gamma,
+                                             const T *__restrict__ beta, T *__restrict__ y,
+                                             acc_t<T> *__restrict__ mean_out, acc_t<T> *__restrict__ rstd_out,
+                                             i64 row, bool valid, acc_t<T> eps, Geo &g) {
+    typedef acc_t<T> A;
+    constexpr int NV = NV_FWD, VEC = vec_of<T>();
+    const i64 d = g.m.d;
+    const int nk = valid ? (int)(g.m.lim / VEC) : 0;
+    const int off = g.m.lane * VEC, stride = g.m.tpr * VEC;
+    const T *xr = x + row * d;
+    u32 w[NV][4];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        if (k < nk) ld16(w[k], xr + off + k * stride);
+        else zero4(w[k]);
+    }
+    A mean = 0;
+    if (CEN) {
+        const A x0 = valid ? to_acc(xr[0]) : (A)0;
+        A s = 0;
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+            if (k < nk) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s = add_(s, sub_(Raw<T>::get(w[k], e), x0));
+            }
+        mean = add_(x0, div_(team_sum(s, g.r), (A)d));
+    }
+    A q = 0;
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+        if (k < nk) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A c = CEN ? sub_(Raw<T>::get(w[k], e), mean) : Raw<T>::get(w[k], e);
+                q = add_(q, mul_(c, c));
+            }
+        }
+    A rstd = div_((A)1, sqrt_(add_(div_(team_sum(q, g.r), (A)d), eps)));
+    T *yr = y + row * d;
+    const bool slow = valid && !trusted(mean, rstd);
+    if (__any_sync(FGN_FULL, slow)) {
+        fwd_slow_stats<T, CEN>(xr, gamma, beta, yr, slow, valid, (double)eps, mean, rstd, g);
+    } else if (valid) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+            if (k < nk) {
+                const int o = off + k * stride;
+                fwd_out16<T, CEN>(yr + o, gamma ? gamma + o : nullptr, beta ? beta + o : nullptr, w[k], mean, rstd);
+            }
+    }
+    if (valid && g.m.lane == 0) {
+        if (CEN) mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+}
+
+// One row too long to hold: each pass reads it again (from L2 while the row
+// fits there). Same per-thread element order as the held path.
 template <class T, bool CEN>
 __device__ __forceinline__ void fwd_row_big(const T *__restrict__ x, const T *__restrict__ gamma,
                                             const T *__restrict__ beta, T *__restrict__ y,
                                             acc_t<T> *__restrict__ mean_out, acc_t<T> *__restrict__ rstd_out,
                                             i64 row, bool valid, acc_t<T> eps, bool vec, Geo &g) {
     typedef acc_t<T> A;
-    constexpr int VEC = vec_of<T>();
     const Map &m = g.m;
     const i64 d = m.d, kn = valid ? g.K : 0;
     const T *xr = x + row * d;
-    A x0 = 0, mean = 0;
+    A mean = 0;
     if (CEN) {
-        if (valid) x0 = to_acc(xr[0]);
+        const A x0 = valid ? to_acc(xr[0]) : (A)0;
         A s = 0;
-        stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e)
-                if (eidx<T>(m, k, e) < d) s = add_(s, sub_(Raw<T>::get(w, e), x0));
-        });
-        s = team_sum(s, g.r);
-        mean = add_(x0, div_(s, (A)d));
+        stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) { s = chunk_shift_sum<T>(w, m, k, x0, s); });
+        mean = add_(x0, div_(team_sum(s, g.r), (A)d));
     }
     A q = 0;
-    stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e)
-            if (eidx<T>(m, k, e) < d) {
-                const A c = CEN ? sub_(Raw<T>::get(w, e), mean) : Raw<T>::get(w, e);
-                q = add_(q, mul_(c, c));
-            }
-    });
-    q = team_sum(q, g.r);
-    A rstd = div_((A)1, sqrt_(add_(div_(q, (A)d), eps)));
+    stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) { q = chunk_sq_sum<T, CEN>(w, m, k, mean, q); });
+    A rstd = div_((A)1, sqrt_(add_(div_(team_sum(q, g.r), (A)d), eps)));
     T *yr = y + row * d;
-
     const bool slow = valid && !trusted(mean, rstd);
-    bool done = false;
     if (__any_sync(FGN_FULL, slow)) {
-        A am[1] = {0};
-        stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e)
-                if (eidx<T>(m, k, e) < d) am[0] = nan_max(am[0], abs_(Raw<T>::get(w, e)));
-        });
-        team_reduce<A, 1, true>(am, g.r);
-        const bool scaled = slow && finite_(am[0]);
-        if (__any_sync(FGN_FULL, scaled)) {
-            auto sum_over = [&](auto f) -> double {
-                double s = 0.0;
-                stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e)
-                        if (eidx<T>(m, k, e) < d) s = __dadd_rn(s, f((double)Raw<T>::get(w, e)));
-                });
-                return team_sum(s, g.r);
-            };
-            const RowNorm rn = row_norm<CEN>(sum_over, (double)x0, (double)am[0], (double)d, (double)eps);
-            if (scaled) {
-                stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
-                    fwd_out_chunk_scaled<T, CEN>(yr, gamma, beta, m, k, vec, rn,
-                                                 [&](int e) { return Raw<T>::get(w, e); });
-                });
-                mean = acc_of(rn.mean(), mean);
-                rstd = acc_of(rn.rstd(), rstd);
-                done = true;
-            }
-        }
-    }
-    if (valid && !done) {
-        stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
-            fwd_out_chunk<T, CEN>(yr, gamma, beta, m, k, vec, mean, rstd,
-                                  [&](int e) { return Raw<T>::get(w, e); });
-        });
+        fwd_slow_stats<T, CEN>(xr, gamma, beta, yr, slow, valid, (double)eps, mean, rstd, g);
+    } else if (valid) {
+        stream1<T>(xr, m, kn, vec,
+                   [&](i64 k, const u32 *w) { fwd_out_chunk<T, CEN>(yr, gamma, beta, m, k, vec, w, mean, rstd); });
     }
     if (valid && m.lane == 0) {
         if (CEN) mean_out[row] = mean;
         rstd_out[row] = rstd;
     }
+}
+
+// The rows of this block's groups: group q = b*G + g of block b takes the
+// range of rows [q*rpr, (q+1)*rpr), blocks striding over ranges.
+#define FGN_ROWS(...)                                                      \
+    for (i64 rb = blockIdx.x; rb * g.G < g.P; rb += gridDim.x) {           \
+        const i64 first = (rb * g.G + g.r.g) * rpr;                        \
+        for (i64 i = 0; i < rpr; ++i) {                                    \
+            const i64 row = first + i;                                     \
+            const bool valid = row < n;                                    \
+            __VA_ARGS__                                                    \
+        }                                                                  \
+    }
+
+// The streaming forward: out of line, so that its registers are allocated
+// apart from the held path's (one call per thread).
+template <class T, bool CEN>
+__device__ __noinline__ void forward_stream(const T *__restrict__ x, const T *__restrict__ gamma,
+                                            const T *__restrict__ beta, T *__restrict__ y,
+                                            acc_t<T> *__restrict__ mean_out, acc_t<T> *__restrict__ rstd_out,
+                                            i64 n, i64 d, int tpr, i64 rpr, acc_t<T> eps, bool vec, double *red) {
+    Geo g = setup<T>(red, n, d, tpr, rpr);
+    const i64 row_bytes = d * (i64)sizeof(T);
+    FGN_ROWS(if (valid) prefetch_ahead(x, row_bytes, row, i, rpr, n, g);
+             fwd_row_big<T, CEN>(x, gamma, beta, y, mean_out, rstd_out, row, valid, eps, vec, g);)
 }
 
 template <class T, bool CEN>
@@ -597,185 +721,138 @@ __device__ __forceinline__ void forward(const T *__restrict__ x, const T *__rest
     typedef acc_t<T> A;
     constexpr int VEC = vec_of<T>();
     __shared__ double red[RED_GROUPS * 2 * 64];
-    Geo g = setup<T>(red, n, d, tpr, rpr);
-    const bool vec = g.m.chunked && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
     const A eps = (A)eps_in;
-    const bool held = (i64)NV_FWD * VEC * tpr >= d;
-    const i64 row_bytes = d * (i64)sizeof(T);
-    for (i64 rb = blockIdx.x; rb * g.G < g.P; rb += gridDim.x) {
-        const i64 first = (rb * g.G + g.r.g) * rpr;
-        for (i64 i = 0; i < rpr; ++i) {
-            const i64 row = first + i;
-            const bool valid = row < n;
-            if (held) {
-                if (valid) prefetch_ahead(x, row_bytes, row, i, rpr, n, g);
-                fwd_row_held<T, CEN>(x, gamma, beta, y, mean_out, rstd_out, row, valid, eps, vec, g);
-            } else {
-                fwd_row_big<T, CEN>(x, gamma, beta, y, mean_out, rstd_out, row, valid, eps, vec, g);
-            }
-        }
+    const bool vec = d % VEC == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
+    if (!(vec && (i64)NV_FWD * VEC * tpr >= d)) {
+        forward_stream<T, CEN>(x, gamma, beta, y, mean_out, rstd_out, n, d, tpr, rpr, eps, vec, red);
+        return;
     }
+    Geo g = setup<T>(red, n, d, tpr, rpr);
+    const i64 row_bytes = d * (i64)sizeof(T);
+    FGN_ROWS(if (valid) prefetch_ahead(x, row_bytes, row, i, rpr, n, g);
+             fwd_row_held<T, CEN>(x, gamma, beta, y, mean_out, rstd_out, row, valid, eps, g);)
 }
 
 // ===========================================================================
 // Backward
 // ===========================================================================
 
-// Per-row sums and the decision between the fast path and the scaled one.
+// A backward row's constants: saved statistics, the means <g> and <g xhat>,
+// and, when the row takes the scaled path, its f64 normalization.
 template <class A> struct BwdRow {
-    A m, rs, mg, mgx;   // saved mean (0 for RMSNorm) and rstd; <g>, <g xhat>
-    bool scaled;        // this row runs in f64 from its own statistics
-    RowNorm rn;
-    double mgd, mgxd;   // <g>, <g xhat> of the scaled path
+    A m, rs, mg, mgx;
+    BwdSlow s;
 };
 
-// One element's fast-path terms: xhat, g = dy gamma.
-template <bool CEN, class A>
-__device__ __forceinline__ void fast_terms(A xv, A dv, A gv, bool has_g, A m, A rs, A &xh, A &gg) {
-    xh = CEN ? mul_(sub_(xv, m), rs) : mul_(xv, rs);
-    gg = has_g ? mul_(dv, gv) : dv;
-}
-
-// Output pass of one chunk: dx (if dx) and the partial terms
-// pg += dy xhat, pb += dy (if P).
-template <class T, bool CEN, class PG>
-__device__ __forceinline__ void bwd_out_chunk(T *__restrict__ dxr, const T *__restrict__ gamma, const Map &m,
-                                              i64 k, bool vec, const u32 *xw, const u32 *dw,
-                                              const BwdRow<acc_t<T>> &b, bool want_dx, PG add_part) {
-    typedef acc_t<T> A;
-    constexpr int VEC = vec_of<T>();
-    u32 gw[4], ow[4];
-    zero4(gw); zero4(ow);
-    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-        if (eidx<T>(m, k, e) < m.d) {
-            const A xv = Raw<T>::get(xw, e), dv = Raw<T>::get(dw, e);
-            if (b.scaled) {
-                const double gd = gamma ? (double)Raw<T>::get(gw, e) : 1.0;
-                const double h = b.rn.xhat((double)xv), dd = (double)dv, gg = __dmul_rn(dd, gd);
-                if (want_dx) {
-                    const double t = __dmul_rn(b.rn.r, __dsub_rn(__dsub_rn(gg, b.mgd), __dmul_rn(h, b.mgxd)));
-                    Raw<T>::put(ow, e, from_f64<T>(scale(t, b.rn.kout)));
-                }
-                add_part(e, acc_of(__dmul_rn(dd, h), xv), dv);
-            } else {
-                A xh, gg;
-                fast_terms<CEN>(xv, dv, Raw<T>::get(gw, e), gamma != nullptr, b.m, b.rs, xh, gg);
-                if (want_dx) {
-                    const A t = CEN ? sub_(sub_(gg, b.mg), mul_(xh, b.mgx)) : sub_(gg, mul_(xh, b.mgx));
-                    Raw<T>::put(ow, e, from_acc<T>(mul_(b.rs, t)));
-                }
-                add_part(e, mul_(dv, xh), dv);
-            }
-        }
-    }
-    if (want_dx) store_chunk<T>(dxr, ow, m, k, vec);
-}
-
-// After pass A (sums s1 = sum g, s2 = sum g xhat, team-reduced): the means,
-// and the scaled fallback where the saved statistics are out of range or the
-// fast sums overflowed and the row of x is finite. `sum_x(f)` and
-// `sum_xd(f)` are team sums of f(x) and f(x, dy) over the row in f64.
-template <bool CEN, class A, class SumX, class SumXD, class MaxX>
-__device__ __forceinline__ void bwd_decide(BwdRow<A> &b, A s1, A s2, bool valid, const A x0, i64 d,
-                                           double eps, SumX sum_x, SumXD sum_xd, MaxX max_x, Red &r) {
-    if (CEN) {
-        const A inv_d = div_((A)1, (A)d);
-        b.mg = mul_(s1, inv_d);
-        b.mgx = mul_(s2, inv_d);
-    } else {
-        b.mg = 0;
-        b.mgx = div_(s2, (A)d);
-    }
-    b.scaled = false;
-    b.mgd = b.mgxd = 0.0;
-    const bool ok = finite_(b.m) && b.rs >= min_normal(b.rs) && b.rs <= rstd_limit(b.rs) && finite_(s1) &&
-                    finite_(s2);
-    const bool slow = valid && !ok;
-    if (__any_sync(FGN_FULL, slow)) {
-        A am[1] = {max_x()};
-        team_reduce<A, 1, true>(am, r);
-        const bool sc = slow && finite_(am[0]);
-        if (__any_sync(FGN_FULL, sc)) {
-            const RowNorm rn = row_norm<CEN>(sum_x, (double)x0, (double)am[0], (double)d, eps);
-            double s[2] = {0.0, 0.0};
-            sum_xd(rn, s);
-            team_reduce<double, 2, false>(s, r);
-            if (sc) {
-                const double inv_d = __ddiv_rn(1.0, (double)d);
-                b.scaled = true;
-                b.rn = rn;
-                b.mgd = CEN ? __dmul_rn(s[0], inv_d) : 0.0;
-                b.mgxd = __dmul_rn(s[1], inv_d);
-            }
-        }
-    }
-}
-
-// f64 sums of the scaled path for one chunk: s[0] += g, s[1] += g xhat.
-template <class T>
-__device__ __forceinline__ void scaled_sums_chunk(const T *__restrict__ gamma, const Map &m, i64 k, bool vec,
-                                                  const u32 *xw, const u32 *dw, const RowNorm &rn, double *s) {
-    constexpr int VEC = vec_of<T>();
-    u32 gw[4];
-    zero4(gw);
-    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-        if (eidx<T>(m, k, e) < m.d) {
-            const double gd = gamma ? (double)Raw<T>::get(gw, e) : 1.0;
-            const double h = rn.xhat((double)Raw<T>::get(xw, e));
-            const double gg = __dmul_rn((double)Raw<T>::get(dw, e), gd);
-            s[0] = __dadd_rn(s[0], gg);
-            s[1] = __dadd_rn(s[1], __dmul_rn(gg, h));
-        }
-    }
-}
-
-// Fast-path sums for one chunk: s1 += g, s2 += g xhat.
+// Fast-path sums of one chunk's present elements (e < ne): s1 += g,
+// s2 += g xhat, with g = dy gamma (gw null: no gamma).
 template <class T, bool CEN>
-__device__ __forceinline__ void fast_sums_chunk(const T *__restrict__ gamma, const Map &m, i64 k, bool vec,
-                                                const u32 *xw, const u32 *dw, acc_t<T> mm, acc_t<T> rs,
-                                                acc_t<T> &s1, acc_t<T> &s2) {
+__device__ __forceinline__ void bwd_sums16(const u32 *xw, const u32 *dw, const u32 *gw, bool has_g, acc_t<T> mm,
+                                           acc_t<T> rs, acc_t<T> &s1, acc_t<T> &s2, int ne = vec_of<T>()) {
     typedef acc_t<T> A;
     constexpr int VEC = vec_of<T>();
-    u32 gw[4];
-    zero4(gw);
-    if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-        if (eidx<T>(m, k, e) < m.d) {
-            A xh, gg;
-            fast_terms<CEN>(Raw<T>::get(xw, e), Raw<T>::get(dw, e), Raw<T>::get(gw, e), gamma != nullptr, mm, rs,
-                            xh, gg);
+        if (e < ne) {
+            const A xv = Raw<T>::get(xw, e), dv = Raw<T>::get(dw, e);
+            const A xh = CEN ? mul_(sub_(xv, mm), rs) : mul_(xv, rs);
+            const A gg = has_g ? mul_(dv, Raw<T>::get(gw, e)) : dv;
             if (CEN) s1 = add_(s1, gg);
             s2 = add_(s2, mul_(gg, xh));
         }
     }
 }
 
-// One row held in registers; pg/pb are this thread's partial accumulators.
+// Output terms of one chunk's present elements (e < ne): dx into ow and the
+// partial terms add_part(e, dy xhat, dy).
+template <class T, bool CEN, class PG>
+__device__ __forceinline__ void bwd_out16(u32 *ow, const u32 *xw, const u32 *dw, const u32 *gw, bool has_g,
+                                          const BwdRow<acc_t<T>> &b, PG add_part, int ne = vec_of<T>()) {
+    typedef acc_t<T> A;
+    constexpr int VEC = vec_of<T>();
+    if (!b.s.scaled) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            if (e < ne) {
+                const A xv = Raw<T>::get(xw, e), dv = Raw<T>::get(dw, e);
+                const A xh = CEN ? mul_(sub_(xv, b.m), b.rs) : mul_(xv, b.rs);
+                const A gg = has_g ? mul_(dv, Raw<T>::get(gw, e)) : dv;
+                // CPU order: r * (g - <g> - xhat <g xhat>), no <g> for RMSNorm.
+                const A t = CEN ? sub_(sub_(gg, b.mg), mul_(xh, b.mgx)) : sub_(gg, mul_(xh, b.mgx));
+                Raw<T>::put(ow, e, from_acc<T>(mul_(b.rs, t)));
+                add_part(e, mul_(dv, xh), dv);
+            }
+        }
+    } else {
+        // scaled.rs backward: 2^kout (r (g - <g> - xhat <g xhat>)) in f64.
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            if (e < ne) {
+                const A xv = Raw<T>::get(xw, e), dv = Raw<T>::get(dw, e);
+                const double gd = has_g ? (double)Raw<T>::get(gw, e) : 1.0;
+                const double h = b.s.rn.xhat((double)xv), dd = (double)dv, gg = __dmul_rn(dd, gd);
+                const double t = __dmul_rn(b.s.rn.r, __dsub_rn(__dsub_rn(gg, b.s.mgd), __dmul_rn(h, b.s.mgxd)));
+                Raw<T>::put(ow, e, from_f64<T>(scale(t, b.s.rn.kout)));
+                add_part(e, acc_of(__dmul_rn(dd, h), xv), dv);
+            }
+        }
+    }
+}
+
+// The streaming path's chunk k (any mapping, any alignment): number of its
+// elements present (all VEC or none when chunked).
+template <class T> __device__ __forceinline__ int present(const Map &m, i64 k) {
+    constexpr int VEC = vec_of<T>();
+    const i64 r = m.lim - k * VEC;
+    return r >= VEC ? VEC : (r > 0 ? (int)r : 0);
+}
+
+// After pass A (s1 = sum g, s2 = sum g xhat over the team): the means, and
+// the scaled fallback where the saved statistics are out of the range the
+// fast path is exact in (also rstd subnormal) or the sums overflowed, and
+// the row of x is finite.
+template <class T, bool CEN>
+__device__ __forceinline__ bool bwd_decide(BwdRow<acc_t<T>> &b, acc_t<T> s1, acc_t<T> s2, const T *xr,
+                                           const T *dr, const T *gamma, bool valid, double eps, Geo &g) {
+    typedef acc_t<T> A;
+    if (CEN) {
+        const A inv_d = div_((A)1, (A)g.m.d);
+        b.mg = mul_(s1, inv_d);
+        b.mgx = mul_(s2, inv_d);
+    } else {
+        b.mg = 0;
+        b.mgx = div_(s2, (A)g.m.d);
+    }
+    b.s.scaled = false;
+    const bool ok = finite_(b.m) && b.rs >= min_normal(b.rs) && b.rs <= rstd_limit(b.rs) && finite_(s1) &&
+                    finite_(s2);
+    return valid && !ok;
+}
+
+// One row held in registers (aligned, d % VEC == 0, d <= nvb*VEC*tpr); pg/pb
+// are this thread's partial accumulators for its columns.
 template <class T, bool CEN>
 __device__ __forceinline__ void bwd_row_held(const T *__restrict__ x, const T *__restrict__ dy,
                                              const T *__restrict__ gamma, const acc_t<T> *__restrict__ mean_in,
                                              const acc_t<T> *__restrict__ rstd_in, T *__restrict__ dx, bool want_p,
-                                             i64 row, bool valid, double eps, bool vec, Geo &g,
+                                             i64 row, bool valid, double eps, Geo &g,
                                              acc_t<T> (&pg)[nvb<T>()][vec_of<T>()],
                                              acc_t<T> (&pb)[nvb<T>()][vec_of<T>()]) {
     typedef acc_t<T> A;
-    constexpr int VEC = vec_of<T>(), NV = nvb<T>();
-    const Map &m = g.m;
-    const i64 d = m.d;
+    constexpr int NV = nvb<T>(), VEC = vec_of<T>();
+    const i64 d = g.m.d;
+    const int nk = valid ? (int)(g.m.lim / VEC) : 0;
+    const int off = g.m.lane * VEC, stride = g.m.tpr * VEC;
     const T *xr = x + row * d, *dr = dy + row * d;
     u32 xw[NV][4], dw[NV][4];
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        zero4(xw[k]);
-        zero4(dw[k]);
-        if (valid) {
-            load_chunk<T>(xw[k], xr, m, k, vec);
-            load_chunk<T>(dw[k], dr, m, k, vec);
+        if (k < nk) {
+            ld16(xw[k], xr + off + k * stride);
+            ld16(dw[k], dr + off + k * stride);
+        } else {
+            zero4(xw[k]);
+            zero4(dw[k]);
         }
     }
     BwdRow<A> b;
@@ -783,49 +860,60 @@ __device__ __forceinline__ void bwd_row_held(const T *__restrict__ x, const T *_
     b.rs = valid ? rstd_in[row] : (A)1;
     A s[2] = {0, 0};
 #pragma unroll
-    for (int k = 0; k < NV; ++k) fast_sums_chunk<T, CEN>(gamma, m, k, vec, xw[k], dw[k], b.m, b.rs, s[0], s[1]);
-    team_reduce<A, 2, false>(s, g.r);
-    const A x0 = (CEN && valid) ? to_acc(xr[0]) : (A)0;
-    bwd_decide<CEN>(
-        b, s[0], s[1], valid, x0, d, eps,
-        [&](auto f) -> double {
-            double t = 0.0;
-#pragma unroll
-            for (int k = 0; k < NV; ++k)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e)
-                    if (eidx<T>(m, k, e) < d) t = __dadd_rn(t, f((double)Raw<T>::get(xw[k], e)));
-            return team_sum(t, g.r);
-        },
-        [&](const RowNorm &rn, double *t) {
-#pragma unroll
-            for (int k = 0; k < NV; ++k) scaled_sums_chunk<T>(gamma, m, k, vec, xw[k], dw[k], rn, t);
-        },
-        [&]() -> A {
-            A a = 0;
-#pragma unroll
-            for (int k = 0; k < NV; ++k)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e)
-                    if (eidx<T>(m, k, e) < d) a = nan_max(a, abs_(Raw<T>::get(xw[k], e)));
-            return a;
-        },
-        g.r);
-    if (!valid) return;
-    T *dxr = dx + row * d;
-#pragma unroll
     for (int k = 0; k < NV; ++k)
-        bwd_out_chunk<T, CEN>(dxr, gamma, m, k, vec, xw[k], dw[k], b, dx != nullptr, [&](int e, A tg, A tb) {
-            if (want_p) {
-                pg[k][e] = add_(pg[k][e], tg);
-                if (CEN) pb[k][e] = add_(pb[k][e], tb);
+        if (k < nk) {
+            u32 gw[4];
+            zero4(gw);
+            if (gamma) ld16(gw, gamma + off + k * stride);
+            bwd_sums16<T, CEN>(xw[k], dw[k], gw, gamma != nullptr, b.m, b.rs, s[0], s[1]);
+        }
+    team_reduce<A, 2, false>(s, g.r);
+    const bool slow = bwd_decide<T, CEN>(b, s[0], s[1], xr, dr, gamma, valid, eps, g);
+    T *dxr = dx + row * d;
+    auto add_part = [&](int k, int e, A tg, A tb) {
+        if (want_p) {
+            pg[k][e] = add_(pg[k][e], tg);
+            if (CEN) pb[k][e] = add_(pb[k][e], tb);
+        }
+    };
+    if (__any_sync(FGN_FULL, slow)) {
+        // The slow path, then pass B from global memory again (L1/L2), so
+        // that the registers holding the row are free meanwhile.
+        b.s = bwd_slow<T, CEN>(xr, dr, gamma, d, eps, slow, g.r.buf, g.r.tpr, g.r.lane, g.r.g);
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+            if (k < nk) {
+                const int o = off + k * stride;
+                u32 xv[4], dv[4], gw[4], ow[4];
+                zero4(gw);
+                ld16(xv, xr + o);
+                ld16(dv, dr + o);
+                if (gamma) ld16(gw, gamma + o);
+                bwd_out16<T, CEN>(ow, xv, dv, gw, gamma != nullptr, b,
+                                  [&](int e, A tg, A tb) { add_part(k, e, tg, tb); });
+                if (dx) st16(dxr + o, ow);
+                // One chunk at a time here (a compiler-only barrier): the
+                // slow path is rare, registers are not.
+                asm volatile("" ::: "memory");
             }
-        });
+    } else {
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+            if (k < nk) {
+                const int o = off + k * stride;
+                u32 gw[4], ow[4];
+                zero4(gw);
+                if (gamma) ld16(gw, gamma + o);
+                bwd_out16<T, CEN>(ow, xw[k], dw[k], gw, gamma != nullptr, b,
+                                  [&](int e, A tg, A tb) { add_part(k, e, tg, tb); });
+                if (dx) st16(dxr + o, ow);
+            }
+    }
 }
 
 // One row too long to hold: pass A, the decision, then pass B reading x and
 // dy again, which adds the terms straight into the range's partial row in
-// global memory (stored, not added, at the range's first row).
+// global memory (stores them at the range's first row).
 template <class T, bool CEN>
 __device__ __forceinline__ void bwd_row_big(const T *__restrict__ x, const T *__restrict__ dy,
                                             const T *__restrict__ gamma, const acc_t<T> *__restrict__ mean_in,
@@ -833,7 +921,6 @@ __device__ __forceinline__ void bwd_row_big(const T *__restrict__ x, const T *__
                                             acc_t<T> *__restrict__ prow, bool first, i64 row, bool valid,
                                             double eps, bool vec, Geo &g) {
     typedef acc_t<T> A;
-    constexpr int VEC = vec_of<T>();
     const Map &m = g.m;
     const i64 d = m.d, kn = valid ? g.K : 0;
     const T *xr = x + row * d, *dr = dy + row * d;
@@ -842,47 +929,51 @@ __device__ __forceinline__ void bwd_row_big(const T *__restrict__ x, const T *__
     b.rs = valid ? rstd_in[row] : (A)1;
     A s[2] = {0, 0};
     stream2<T>(xr, dr, m, kn, vec, [&](i64 k, const u32 *xw, const u32 *dw) {
-        fast_sums_chunk<T, CEN>(gamma, m, k, vec, xw, dw, b.m, b.rs, s[0], s[1]);
+        u32 gw[4];
+        zero4(gw);
+        if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
+        bwd_sums16<T, CEN>(xw, dw, gw, gamma != nullptr, b.m, b.rs, s[0], s[1], present<T>(m, k));
     });
     team_reduce<A, 2, false>(s, g.r);
-    const A x0 = (CEN && valid) ? to_acc(xr[0]) : (A)0;
-    bwd_decide<CEN>(
-        b, s[0], s[1], valid, x0, d, eps,
-        [&](auto f) -> double {
-            double t = 0.0;
-            stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e)
-                    if (eidx<T>(m, k, e) < d) t = __dadd_rn(t, f((double)Raw<T>::get(w, e)));
-            });
-            return team_sum(t, g.r);
-        },
-        [&](const RowNorm &rn, double *t) {
-            stream2<T>(xr, dr, m, kn, vec, [&](i64 k, const u32 *xw, const u32 *dw) {
-                scaled_sums_chunk<T>(gamma, m, k, vec, xw, dw, rn, t);
-            });
-        },
-        [&]() -> A {
-            A a = 0;
-            stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e)
-                    if (eidx<T>(m, k, e) < d) a = nan_max(a, abs_(Raw<T>::get(w, e)));
-            });
-            return a;
-        },
-        g.r);
+    const bool slow = bwd_decide<T, CEN>(b, s[0], s[1], xr, dr, gamma, valid, eps, g);
+    if (__any_sync(FGN_FULL, slow))
+        b.s = bwd_slow<T, CEN>(xr, dr, gamma, d, eps, slow, g.r.buf, g.r.tpr, g.r.lane, g.r.g);
     if (!valid) return;
     T *dxr = dx + row * d;
     stream2<T>(xr, dr, m, kn, vec, [&](i64 k, const u32 *xw, const u32 *dw) {
-        bwd_out_chunk<T, CEN>(dxr, gamma, m, k, vec, xw, dw, b, dx != nullptr, [&](int e, A tg, A tb) {
+        u32 gw[4], ow[4];
+        zero4(gw);
+        zero4(ow);
+        if (gamma) load_chunk<T>(gw, gamma, m, k, vec);
+        bwd_out16<T, CEN>(ow, xw, dw, gw, gamma != nullptr, b, [&](int e, A tg, A tb) {
             if (prow) {
                 const i64 j = eidx<T>(m, k, e);
                 prow[j] = first ? tg : add_(prow[j], tg);
                 if (CEN) prow[d + j] = first ? tb : add_(prow[d + j], tb);
             }
-        });
+        }, present<T>(m, k));
+        if (dx) store_chunk<T>(dxr, ow, m, k, vec);
     });
+}
+
+// The streaming backward: out of line like forward_stream. Group q's
+// partial row is part + q*W, filled row by row (stored at the range's first
+// row).
+template <class T, bool CEN>
+__device__ __noinline__ void backward_stream(const T *__restrict__ x, const T *__restrict__ dy,
+                                             const T *__restrict__ gamma, const acc_t<T> *__restrict__ mean_in,
+                                             const acc_t<T> *__restrict__ rstd_in, T *__restrict__ dx,
+                                             acc_t<T> *__restrict__ part, i64 n, i64 d, int tpr, i64 rpr,
+                                             double eps, bool vec, double *red) {
+    Geo g = setup<T>(red, n, d, tpr, rpr);
+    const i64 W = CEN ? 2 * d : d;
+    const i64 row_bytes = d * (i64)sizeof(T);
+    FGN_ROWS(const i64 r = rb * g.G + g.r.g; if (valid) {
+                 prefetch_ahead(x, row_bytes, row, i, rpr, n, g);
+                 prefetch_ahead(dy, row_bytes, row, i, rpr, n, g);
+             }
+             bwd_row_big<T, CEN>(x, dy, gamma, mean_in, rstd_in, dx, (part && r < g.P) ? part + r * W : nullptr,
+                                 i == 0, row, valid, eps, vec, g);)
 }
 
 template <class T, bool CEN>
@@ -894,16 +985,19 @@ __device__ __forceinline__ void backward(const T *__restrict__ x, const T *__res
     typedef acc_t<T> A;
     constexpr int VEC = vec_of<T>(), NV = nvb<T>();
     __shared__ double red[RED_GROUPS * 2 * 64];
-    Geo g = setup<T>(red, n, d, tpr, rpr);
-    const bool vec = g.m.chunked && aligned16(x) && aligned16(dy) && aligned16(gamma) && aligned16(dx);
     // eps as the CPU's scaled path sees it: the acc_t value, widened.
     const double eps = (double)(A)eps_in;
-    const bool held = (i64)NV * VEC * tpr >= d;
+    const bool vec = d % VEC == 0 && aligned16(x) && aligned16(dy) && aligned16(gamma) && aligned16(dx);
+    if (!(vec && (i64)NV * VEC * tpr >= d)) {
+        backward_stream<T, CEN>(x, dy, gamma, mean_in, rstd_in, dx, part, n, d, tpr, rpr, eps, vec, red);
+        return;
+    }
+    Geo g = setup<T>(red, n, d, tpr, rpr);
     const bool want_p = part != nullptr;
     const i64 W = CEN ? 2 * d : d;
     const i64 row_bytes = d * (i64)sizeof(T);
     for (i64 rb = blockIdx.x; rb * g.G < g.P; rb += gridDim.x) {
-        const i64 r = rb * g.G + g.r.g;
+        const i64 r = rb * g.G + g.r.g;  // this group's range (and partial row)
         const i64 first = r * rpr;
         A pg[NV][VEC], pb[NV][VEC];
 #pragma unroll
@@ -913,27 +1007,23 @@ __device__ __forceinline__ void backward(const T *__restrict__ x, const T *__res
         for (i64 i = 0; i < rpr; ++i) {
             const i64 row = first + i;
             const bool valid = row < n;
-            if (held) {
-                if (valid) {
-                    prefetch_ahead(x, row_bytes, row, i, rpr, n, g);
-                    prefetch_ahead(dy, row_bytes, row, i, rpr, n, g);
-                }
-                bwd_row_held<T, CEN>(x, dy, gamma, mean_in, rstd_in, dx, want_p, row, valid, eps, vec, g, pg, pb);
-            } else {
-                bwd_row_big<T, CEN>(x, dy, gamma, mean_in, rstd_in, dx, want_p && r < g.P ? part + r * W : nullptr,
-                                    i == 0, row, valid, eps, vec, g);
+            if (valid) {
+                prefetch_ahead(x, row_bytes, row, i, rpr, n, g);
+                prefetch_ahead(dy, row_bytes, row, i, rpr, n, g);
             }
+            bwd_row_held<T, CEN>(x, dy, gamma, mean_in, rstd_in, dx, want_p, row, valid, eps, g, pg, pb);
         }
-        if (held && want_p && r < g.P) {
-            A *prow = part + r * W;
+        if (want_p && r < g.P) {
+            // The group's partial row: its columns, in the held layout.
+            A *prow = part + r * W + (i64)g.r.lane * VEC;
+            const int nk = (int)(g.m.lim / VEC);
 #pragma unroll
             for (int k = 0; k < NV; ++k)
+                if (k < nk) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const i64 j = eidx<T>(g.m, k, e);
-                    if (j < d) {
-                        prow[j] = pg[k][e];
-                        if (CEN) prow[d + j] = pb[k][e];
+                    for (int e = 0; e < VEC; ++e) {
+                        prow[(i64)k * g.m.kstride + e] = pg[k][e];
+                        if (CEN) prow[d + (i64)k * g.m.kstride + e] = pb[k][e];
                     }
                 }
         }
@@ -981,7 +1071,7 @@ __device__ __forceinline__ void finalize(const acc_t<T> *__restrict__ part, T *_
 #endif  // FG_NORM_CORE
 
 #define FG_LN_FWD(T, S)                                                                            \
-    extern "C" __global__ void __launch_bounds__(1024)                                             \
+    extern "C" __global__ void __launch_bounds__(512)                                             \
         layer_norm_fwd_##S(const T *x, const T *gamma, const T *beta, T *y, acc_t<T> *mean,        \
                            acc_t<T> *rstd, i64 n_rows, i64 d, int tpr, i64 rows_per_range,         \
                            double eps) {                                                           \
@@ -990,7 +1080,7 @@ __device__ __forceinline__ void finalize(const acc_t<T> *__restrict__ part, T *_
 FG_ALL_TYPES(FG_LN_FWD)
 
 #define FG_LN_BWD(T, S)                                                                           \
-    extern "C" __global__ void __launch_bounds__(1024)                                            \
+    extern "C" __global__ void __launch_bounds__(512)                                            \
         layer_norm_bwd_##S(const T *x, const T *dy, const T *gamma, const acc_t<T> *mean,         \
                            const acc_t<T> *rstd, T *dx, acc_t<T> *part, i64 n_rows, i64 d,        \
                            int tpr, i64 rows_per_range, double eps) {                             \

@@ -52,8 +52,8 @@ fn common_args(composed_help: &'static str) -> [Arg; 3] {
     ]
 }
 
-/// The device named by `--device`, checked: CUDA is an error while no CUDA
-/// backend can run here.
+/// The device named by `--device`, checked: CUDA is an error (naming what
+/// is missing) where no GPU can be used.
 fn device_of(m: &ArgMatches) -> Result<Device> {
     match m.get_one::<String>("device").map(String::as_str) {
         Some("cuda") => {

@@ -8,7 +8,7 @@ use super::{common_args, device_of, get};
 use crate::error::{Error, Result};
 use crate::nn::char_lm::{new_model, sample, train_observed, CharData, CharLmConfig, CharLmRun};
 use crate::nn::progress::Bar;
-use crate::nn::{load, save, Gpt, NormImpl};
+use crate::nn::{load, save, Gpt, Module, NormImpl};
 use crate::plot::{LinePlot, Series, Style};
 use crate::{rng::Rng, Device};
 use clap::{value_parser, Arg, ArgMatches, Command};
@@ -235,6 +235,7 @@ pub fn run(o: &Options) -> Result<Summary> {
         uni - 1.5
     );
     let mut model = new_model(&data, config, NormImpl::Fused)?;
+    model.to_device(o.device)?;
     if let Some(f) = &o.load {
         load(&mut model, f)?;
         println!("resumed from {}", f.display());

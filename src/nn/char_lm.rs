@@ -337,7 +337,7 @@ pub fn sample(
         let p = model.bind_frozen(&tape);
         let logits = model.forward_ids(&p, window, 1, window.len())?;
         let v = data.vocab();
-        let all = logits.value().as_slice()?;
+        let all = logits.value().to_vec()?;
         let last = &all[all.len() - v..];
         let m = last.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
         let w: Vec<f64> = last
@@ -360,5 +360,5 @@ pub fn sample(
 }
 
 fn scalar(t: &Tensor<f32>) -> Result<f64> {
-    Ok(t.as_slice()?.first().copied().unwrap_or(f32::NAN) as f64)
+    Ok(t.to_vec()?.first().copied().unwrap_or(f32::NAN) as f64)
 }

@@ -79,7 +79,7 @@ pub fn save<T: Element, M: Module<T> + ?Sized>(model: &M, path: impl AsRef<Path>
     check_names(path, &names, params.len())?;
     let mut blobs = Vec::with_capacity(params.len());
     for (p, n) in params.iter().zip(&names) {
-        let (vals, shape) = layout(p.as_slice()?, p.shape(), n.transposed);
+        let (vals, shape) = layout(&p.to_vec()?, p.shape(), n.transposed);
         let mut bytes = Vec::with_capacity(vals.len() * std::mem::size_of::<T>());
         for v in vals {
             push_bytes(v, &mut bytes);
@@ -153,7 +153,8 @@ pub fn load<T: Element, M: Module<T> + ?Sized>(
                 .map(from_bytes::<T>)
                 .collect();
             let (vals, shape) = layout(&vals, &want, n.transposed);
-            fresh.push(Tensor::from_vec(shape, vals)?);
+            // On the parameter's own device (a GPU model loads onto the GPU).
+            fresh.push(Tensor::from_vec(shape, vals)?.to_device(p.device())?);
         }
         let known: BTreeSet<&str> = names.iter().map(|n| n.name.as_str()).collect();
         let mut extra: Vec<&str> = file
