@@ -213,6 +213,11 @@ fn run() -> Result<bool> {
     let m = matches_or_exit(cli());
     match m.subcommand() {
         None => {
+            section("Devices");
+            match Device::cuda_status() {
+                Ok(gpu) => println!("GPU: {gpu} (`fusegrad bench --device cuda` times the fused norms there)"),
+                Err(why) => println!("GPU: none usable, so everything below runs on the CPU ({why})"),
+            }
             let ok = primitives()?;
             norms()?;
             stability_demo(PathBuf::from("target/stability.svg"))?;
