@@ -139,10 +139,6 @@ pub enum Error {
         device: String,
         msg: String,
     },
-
-    /// The op has no path on this device in this release.
-    #[error("{op}: not available on {device} in this release")]
-    Unsupported { op: &'static str, device: String },
     /// The allocator refused a buffer (the shape's byte count fits in
     /// `isize`, but no such block could be had).
     #[error("{op}: out of memory allocating {bytes} bytes for shape {shape:?}")]

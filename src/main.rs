@@ -215,8 +215,12 @@ fn run() -> Result<bool> {
         None => {
             section("Devices");
             match Device::cuda_status() {
-                Ok(gpu) => println!("GPU: {gpu} (`fusegrad bench --device cuda` times the fused norms there)"),
-                Err(why) => println!("GPU: none usable, so everything below runs on the CPU ({why})"),
+                Ok(gpu) => println!(
+                    "GPU: {gpu} (`fusegrad bench --device cuda` times the fused norms there)"
+                ),
+                Err(why) => {
+                    println!("GPU: none usable, so everything below runs on the CPU ({why})")
+                }
             }
             let ok = primitives()?;
             norms()?;

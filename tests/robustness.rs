@@ -398,7 +398,6 @@ fn kind(e: &Error) -> &'static str {
         Error::Plot { .. } => "Plot",
         Error::CudaUnavailable { .. } => "CudaUnavailable",
         Error::Cuda { .. } => "Cuda",
-        Error::Unsupported { .. } => "Unsupported",
         Error::OutOfMemory { .. } => "OutOfMemory",
     }
 }

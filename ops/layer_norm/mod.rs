@@ -39,12 +39,16 @@
 //! not come back to the host on the common path).
 
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 pub(crate) mod scaled;
 
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
+#[cfg(feature = "cuda")]
+use crate::ops::norm::cuda::gpu_side;
 use crate::ops::norm::{cpu_side, NormSpec};
 use crate::shape::checked_numel;
 use crate::tape::{Tape, Var};
@@ -205,8 +209,8 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
             let state = LayerNormState {
                 x: x.clone(),
                 gamma: gamma.cloned(),
-                mean: no_stats()?,
-                rstd: no_stats()?,
+                mean: no_stats()?.to_device(x.device())?,
+                rstd: no_stats()?.to_device(x.device())?,
                 scaled: false,
             };
             return Ok((x.clone(), state));
@@ -217,7 +221,19 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 cpu::forward_checked(xs, self.d, gs, bs, self.eps)
             }
             #[cfg(feature = "cuda")]
-            _ => return Err(crate::device::unsupported("layer_norm")),
+            Storage::Cuda(xs) => {
+                let (gs, bs) = (gpu_side(x, gamma)?, gpu_side(x, beta)?);
+                let (y, mean, rstd) = cuda::forward(xs, x.shape(), self.d, gs, bs, self.eps.f64())?;
+                // The scaled fallback runs inside the kernels, row by row.
+                let state = LayerNormState {
+                    x: x.clone(),
+                    gamma: gamma.cloned(),
+                    mean,
+                    rstd,
+                    scaled: false,
+                };
+                return Ok((y, state));
+            }
         };
         let n = [mean.len()];
         let state = LayerNormState {
@@ -261,7 +277,27 @@ impl<T: Element> Op<T> for LayerNorm<T::Acc> {
                 cpu::backward_checked(xs, dy, self.d, gs, (m, r), s.scaled, self.eps, want)
             }
             #[cfg(feature = "cuda")]
-            _ => return Err(crate::device::unsupported("layer_norm")),
+            (Storage::Cuda(xs), Storage::Cuda(dy), Storage::Cuda(m), Storage::Cuda(r)) => {
+                let gs = gpu_side(&s.x, s.gamma.as_ref())?;
+                let shapes = (s.x.shape(), &self.normalized[..]);
+                let o = cuda::backward(xs, dy, shapes, self.d, gs, (m, r), self.eps.f64(), want)?;
+                let mut grads = vec![o.dx];
+                if self.has_gamma {
+                    grads.push(o.dgamma);
+                }
+                if self.has_beta {
+                    grads.push(o.dbeta);
+                }
+                return Ok(grads);
+            }
+            #[cfg(feature = "cuda")]
+            _ => {
+                return Err(Error::DeviceMismatch {
+                    op: "layer_norm backward",
+                    lhs: s.x.device().to_string(),
+                    rhs: grad.device().to_string(),
+                })
+            }
         };
         let shaped = |v: Option<Buffer<T>>, shape: &[usize]| {
             v.map(|v| Tensor::from_buffer(shape, v)).transpose()

@@ -3,6 +3,8 @@
 //! helpers of both kernels ([`cpu_rows`]).
 
 pub(crate) mod cpu_rows;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -84,6 +86,10 @@ pub(crate) fn cpu_side<'a, T: Element>(
     match t.storage() {
         Storage::Cpu(b) => Ok(Some(&b[..])),
         #[cfg(feature = "cuda")]
-        _ => Err(crate::device::unsupported("norm")),
+        Storage::Cuda(_) => Err(Error::DeviceMismatch {
+            op: "norm",
+            lhs: x.device().to_string(),
+            rhs: t.device().to_string(),
+        }),
     }
 }

@@ -19,6 +19,8 @@
 //! looked for only when the kernel flags a row, as for LayerNorm.
 
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use crate::dtype::Accum;
 use crate::dtype::Element;
@@ -26,6 +28,8 @@ use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
 use crate::ops::layer_norm::{check_eps, check_param, input, last_axis, no_stats, rows_and_len};
 use crate::ops::norm::cpu_side;
+#[cfg(feature = "cuda")]
+use crate::ops::norm::cuda::gpu_side;
 use crate::ops::norm::NormSpec;
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
@@ -81,7 +85,7 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
             let state = RmsNormState {
                 x: x.clone(),
                 gamma: gamma.cloned(),
-                rstd: no_stats()?,
+                rstd: no_stats()?.to_device(x.device())?,
                 scaled: false,
             };
             return Ok((x.clone(), state));
@@ -89,7 +93,17 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
         let (y, rstd, scaled) = match x.storage() {
             Storage::Cpu(xs) => cpu::forward_checked(xs, self.d, cpu_side(x, gamma)?, self.eps),
             #[cfg(feature = "cuda")]
-            _ => return Err(crate::device::unsupported("rms_norm")),
+            Storage::Cuda(xs) => {
+                let gs = gpu_side(x, gamma)?;
+                let (y, rstd) = cuda::forward(xs, x.shape(), self.d, gs, self.eps.f64())?;
+                let state = RmsNormState {
+                    x: x.clone(),
+                    gamma: gamma.cloned(),
+                    rstd,
+                    scaled: false,
+                };
+                return Ok((y, state));
+            }
         };
         let state = RmsNormState {
             x: x.clone(),
@@ -121,7 +135,24 @@ impl<T: Element> Op<T> for RmsNorm<T::Acc> {
                 cpu::backward_checked(xs, dy, self.d, gs, r, s.scaled, self.eps, want)
             }
             #[cfg(feature = "cuda")]
-            _ => return Err(crate::device::unsupported("rms_norm")),
+            (Storage::Cuda(xs), Storage::Cuda(dy), Storage::Cuda(r)) => {
+                let gs = gpu_side(&s.x, s.gamma.as_ref())?;
+                let shapes = (s.x.shape(), &self.normalized[..]);
+                let (dx, dg) = cuda::backward(xs, dy, shapes, self.d, gs, r, self.eps.f64(), want)?;
+                let mut grads = vec![dx];
+                if self.has_gamma {
+                    grads.push(dg);
+                }
+                return Ok(grads);
+            }
+            #[cfg(feature = "cuda")]
+            _ => {
+                return Err(Error::DeviceMismatch {
+                    op: "rms_norm backward",
+                    lhs: s.x.device().to_string(),
+                    rhs: grad.device().to_string(),
+                })
+            }
         };
         let mut grads = vec![dx
             .map(|v| Tensor::from_buffer(s.x.shape(), v))

@@ -24,7 +24,7 @@ pub trait DeviceElement {}
 #[cfg(not(feature = "cuda"))]
 impl<T> DeviceElement for T {}
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// A compute device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -53,7 +53,7 @@ impl Device {
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => cuda::gpu(n).map(|_| ()),
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda(n) => Err(Error::CudaUnavailable {
+            Device::Cuda(n) => Err(crate::error::Error::CudaUnavailable {
                 reason: format!(
                     "cuda:{n} requested, but this build has no CUDA backend \
                      (built without the `cuda` feature)"
@@ -71,14 +71,5 @@ impl Device {
         }
         #[cfg(not(feature = "cuda"))]
         Err("built without the `cuda` feature".into())
-    }
-}
-
-/// An op with no path on a GPU in this release.
-#[cfg(feature = "cuda")]
-pub(crate) fn unsupported(op: &'static str) -> Error {
-    Error::Unsupported {
-        op,
-        device: "cuda".into(),
     }
 }
