@@ -73,6 +73,7 @@
 //
 // LAUNCH ORDER (backward): layer_norm_bwd, then layer_norm_bwd_finalize on
 // the same stream, reading the same part (kept until finalize has run).
+// Outputs must not alias inputs (pointers are __restrict__).
 //
 // PATHS (chosen inside, uniformly per launch)
 //   held: every pointer 16-byte aligned, d % VEC == 0 and d <= NV*VEC*tpr
@@ -83,15 +84,20 @@
 //   forward reads x once and writes y with 16-byte stores; the backward reads
 //   x and dy once, keeps its columns' dgamma/dbeta terms in registers across
 //   the rows of a range, and writes them to part once per range. The next
-//   rows of the range are prefetched into L2 while a row is processed.
+//   rows of the range (16 KiB ahead, rows up to 256 KiB) are prefetched into
+//   L2 while a row is processed (both paths).
 //   streaming (everything else: misaligned pointers, d % VEC != 0, longer
 //   rows): the same teams walk the row chunk by chunk, several chunks in
 //   flight, and read it again for each pass (the passes after the first hit
 //   L1/L2); the backward adds its terms into part row by row. Chunks are 16
 //   contiguous bytes when d % VEC == 0 (16-byte accesses when aligned) and
 //   otherwise "interleaved": element (k*VEC + e)*tpr + lane, so each scalar
-//   access of a warp is coalesced. A thread's summation order depends only
-//   on (d, tpr), so held and streaming give the same bits for the same d.
+//   access of a warp is coalesced. (For d % VEC != 0 the rows start at
+//   varying alignments; a per-row vector body with a scalar tail would make
+//   each thread's elements, hence the sums' bits, depend on the row's
+//   address. Coalesced scalar accesses move the same DRAM lines.) A thread's
+//   summation order depends only on (d, tpr), so held and streaming give the
+//   same bits for the same d.
 //   Team reductions: xor butterflies inside a warp; for tpr > 32 one value
 //   per warp through shared memory and a named barrier (bar.sync 1+g, tpr)
 //   per team, then a butterfly over the per-warp values.
@@ -138,10 +144,12 @@ constexpr int NV_FWD = 8;        // 16-byte chunks per thread held by the forwar
 constexpr int RED_GROUPS = 4;    // most groups per block when tpr > 32
 constexpr int PF_BYTES = 16384;  // row bytes prefetched into L2 ahead of use
 constexpr int PF_MAX_ROWS = 8;   // at most this many rows ahead
-constexpr int BIG_U = 4;         // chunks per thread in flight on the big path
+constexpr i64 PF_ROW_MAX = 262144;  // longer rows are not prefetched (they
+                                    // would evict the row being re-read)
+constexpr int BIG_U = 4;         // chunks per thread in flight on the streaming path
 
-// Chunks (16 bytes = VEC elements) per thread the backward holds: two
-// tensors (x, dy) plus the dgamma/dbeta accumulators stay within 64 registers.
+// Elements per 16-byte chunk, and the chunks per thread the backward holds
+// (x, dy and the dgamma/dbeta terms of its columns, within 128 registers).
 template <class T> __host__ __device__ constexpr int vec_of() { return 16 / (int)sizeof(T); }
 template <class T> __host__ __device__ constexpr int nvb() { return 2; }
 
@@ -185,13 +193,10 @@ template <class A> __device__ __forceinline__ A nan_max(A a, A b) {
 __device__ __forceinline__ double pow2(int k) {
     return __longlong_as_double((long long)(k + 1023) << 52);
 }
-__device__ __noinline__ double scale_far(double v, int k) {
+// v 2^k in steps of 2^+-1000 as scaled.rs (one multiply for |k| <= 1000).
+__device__ __forceinline__ double scale(double v, int k) {
     while (k > 1000) { v = __dmul_rn(v, pow2(1000)); k -= 1000; }
     while (k < -1000) { v = __dmul_rn(v, pow2(-1000)); k += 1000; }
-    return __dmul_rn(v, pow2(k));
-}
-__device__ __forceinline__ double scale(double v, int k) {
-    if (k > 1000 || k < -1000) return scale_far(v, k);
     return __dmul_rn(v, pow2(k));
 }
 __device__ __forceinline__ int exponent(double m) {
@@ -317,6 +322,7 @@ __device__ __forceinline__ void zero4(u32 *w) { w[0] = w[1] = w[2] = w[3] = 0u; 
 // Rows ahead to prefetch, and the prefetch of one row's lines into L2 (the
 // team splits the 128-byte lines).
 __device__ __forceinline__ int pf_rows(i64 row_bytes) {
+    if (row_bytes > PF_ROW_MAX) return 0;
     i64 a = (PF_BYTES + row_bytes - 1) / row_bytes;
     return (int)(a < 1 ? 1 : (a > PF_MAX_ROWS ? PF_MAX_ROWS : a));
 }
@@ -413,12 +419,12 @@ __device__ __forceinline__ RowNorm row_norm(SumF sum_over, double x0, double ama
     return rn;
 }
 
-// The slow paths run out of line (they are rare, and inlined they would
-// crowd the fast path's registers) and read the row again from global
-// memory, one element per thread at a time (j = lane + i*tpr). Every lane of
-// a warp enters (after a vote); `active` says whether this group's row is
-// out of range. They begin and end with the group's barrier, so their use of
-// the reduction scratch never meets the caller's.
+// The slow paths are plain loops (not unrolled: they are rare, registers are
+// not) that read the row again from global memory (L1/L2), one element per
+// thread at a time (j = lane + i*tpr). Every lane of a warp enters (after a
+// vote); `active` says whether this group's row is out of range. They begin
+// and end with the group's barrier, so their use of the reduction scratch
+// never meets the caller's.
 struct FwdSlow {
     bool scaled;
     double mean, rstd;
@@ -547,7 +553,7 @@ struct Geo {
     Red r;
     int G;      // groups (rows in flight) per block
     i64 P;      // ranges of rows_per_range rows
-    i64 K;      // chunks per thread on the big path
+    i64 K;      // chunks per thread on the streaming path
     int ahead;  // rows prefetched ahead (held path)
 };
 template <class T>
@@ -584,6 +590,7 @@ __device__ __forceinline__ Geo setup(double *red, i64 n, i64 d, int tpr, i64 rpr
 __device__ __forceinline__ void prefetch_ahead(const void *base, i64 row_bytes, i64 row, i64 i, i64 rpr,
                                                i64 n, const Geo &g) {
     const char *b = (const char *)base;
+    if (g.ahead == 0) return;
     for (int a = (i == 0 ? 1 : g.ahead); a <= g.ahead; ++a) {
         if (i + a < rpr && row + a < n) prefetch_row(b + (row + a) * row_bytes, row_bytes, g.m.lane, g.m.tpr);
     }
@@ -774,8 +781,8 @@ __device__ __forceinline__ void fwd_row_held(const T *__restrict__ x, const T *_
     }
 }
 
-// One row too long to hold: each pass reads it again (from L2 while the row
-// fits there). Same per-thread element order as the held path.
+// One row on the streaming path: each pass reads it again (from L1/L2 while
+// the row fits there). Same per-thread element order as the held path.
 template <class T, bool CEN>
 __device__ __forceinline__ void fwd_row_big(const T *__restrict__ x, const T *__restrict__ gamma,
                                             const T *__restrict__ beta, T *__restrict__ y,
@@ -866,7 +873,7 @@ template <class A> struct BwdRow {
 };
 
 // Fast-path sums of one chunk's present elements (e < ne): s1 += g,
-// s2 += g xhat, with g = dy gamma (gw null: no gamma).
+// s2 += g xhat, with g = dy gamma (dy alone without gamma).
 template <class T, bool CEN>
 __device__ __forceinline__ void bwd_sums16(const u32 *xw, const u32 *dw, const u32 *gw, bool has_g, acc_t<T> mm,
                                            acc_t<T> rs, acc_t<T> &s1, acc_t<T> &s2, int ne = vec_of<T>()) {
@@ -1032,9 +1039,9 @@ __device__ __forceinline__ void bwd_row_held(const T *__restrict__ x, const T *_
     }
 }
 
-// One row too long to hold: pass A, the decision, then pass B reading x and
-// dy again, which adds the terms straight into the range's partial row in
-// global memory (stores them at the range's first row).
+// One row on the streaming path: pass A, the decision, then pass B reading x
+// and dy again, which adds the terms straight into the range's partial row
+// in global memory (from 0 at the range's first row).
 template <class T, bool CEN>
 __device__ __forceinline__ void bwd_row_big(const T *__restrict__ x, const T *__restrict__ dy,
                                             const T *__restrict__ gamma, const acc_t<T> *__restrict__ mean_in,
@@ -1069,8 +1076,9 @@ __device__ __forceinline__ void bwd_row_big(const T *__restrict__ x, const T *__
         bwd_out16<T, CEN>(ow, xw, dw, gw, gamma != nullptr, b, [&](int e, A tg, A tb) {
             if (prow) {
                 const i64 j = eidx<T>(m, k, e);
-                prow[j] = first ? tg : add_(prow[j], tg);
-                if (CEN) prow[d + j] = first ? tb : add_(prow[d + j], tb);
+                // From 0 at the range's first row, as the held path's registers.
+                prow[j] = add_(first ? (A)0 : prow[j], tg);
+                if (CEN) prow[d + j] = add_(first ? (A)0 : prow[d + j], tb);
             }
         }, present<T>(m, k));
         if (dx) store_chunk<T>(dxr, ow, m, k, vec);
