@@ -115,9 +115,10 @@
 // the f64 path when its saved statistics are out of range (also rstd
 // subnormal) or its fast sums overflowed, and x is finite; its dx is
 // 2^kout*(r*(g - <g> - xhat*<g xhat>)) in f64 like scaled.rs. Finite input
-// always gives finite y. NaN/inf rows are not rescued: they propagate
-// through the fast formulas (y, dx NaN in that row; dgamma NaN; dbeta
-// stays finite when dy is).
+// always gives finite statistics and xhat (y is finite unless
+// xhat*gamma + beta itself overflows T). NaN/inf rows are not rescued: they
+// propagate through the fast formulas (y, dx NaN in that row; dgamma NaN;
+// dbeta stays finite when dy is).
 //
 // DETERMINISM: no atomics. Each thread sums its elements in (k, e) order,
 // teams reduce in a fixed butterfly order, part rows hold the rows of a
@@ -125,6 +126,7 @@
 // slices p = s, s+8, ... each in order, then the slices in order). Every
 // order is a function of (d, dtype, rows_per_range), so two runs, any grid
 // and any GPU give the same bits.
+
 // ===========================================================================
 // Fused-norm core. The same text sits in layer_norm.cu and rms_norm.cu
 // (each file is compiled on its own with only common.cuh before it); CEN

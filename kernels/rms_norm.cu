@@ -75,11 +75,13 @@
 // finite is recomputed in f64 on x*2^k (1 <= max|x*2^k| < 2), rstd = r*2^k
 // as scaled.rs stores it; in the backward a row takes the f64 path when its
 // saved rstd is out of range (also subnormal) or its sums overflowed.
-// Finite input gives finite y; NaN/inf rows propagate (y, dx NaN in that
-// row, dgamma NaN).
+// Finite input gives finite rstd and xhat (y is finite unless xhat*gamma
+// overflows T). NaN rows propagate (y, dx NaN in that row, dgamma NaN); an
+// inf gives rstd = 0, so y = x*0 (NaN at the inf), as IEEE and the CPU.
 //
 // DETERMINISM: no atomics; every sum in a fixed order that depends only on
 // (d, dtype, rows_per_range); finalize adds the part rows in a fixed order.
+
 // ===========================================================================
 // Fused-norm core. The same text sits in layer_norm.cu and rms_norm.cu
 // (each file is compiled on its own with only common.cuh before it); CEN

@@ -16,6 +16,7 @@
 //! assert_send::<fusegrad::Var<f32>>();
 //! ```
 
+use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
@@ -199,6 +200,17 @@ impl<T: Element> Tape<T> {
     /// A leaf without a gradient; it costs nothing on the backward sweep.
     pub fn constant(&self, value: impl Into<Tensor<T>>) -> Var<T> {
         self.leaf(value.into(), false, true)
+    }
+
+    /// [`Tape::var`] of `value` copied to `device` (shared, no copy, when
+    /// it is there already); its gradient lives on `device` too.
+    pub fn var_on(&self, value: impl Into<Tensor<T>>, device: Device) -> Result<Var<T>> {
+        Ok(self.var(value.into().to_device(device)?))
+    }
+
+    /// [`Tape::constant`] of `value` copied to `device`.
+    pub fn constant_on(&self, value: impl Into<Tensor<T>>, device: Device) -> Result<Var<T>> {
+        Ok(self.constant(value.into().to_device(device)?))
     }
 
     /// Number of recorded nodes.

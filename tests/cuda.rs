@@ -199,7 +199,7 @@ fn run<T: Element>(c: &Case<T>, dev: Device, seed: u64) -> Result<Vec<Vec<f64>>>
     let tape = Tape::new();
     let mut vars = Vec::new();
     for t in &inputs {
-        vars.push(tape.var(t.to_device(dev)?));
+        vars.push(tape.var_on(t.clone(), dev)?);
     }
     let y = (c.f)(&vars)?;
     assert_eq!(
