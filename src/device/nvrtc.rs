@@ -13,11 +13,24 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-/// Every kernel family: its name and CUDA C source. The host prepends
+/// Every kernel family: its name and CUDA C source (the two fused norms
+/// share `norm_core.cuh`, placed before each). The host prepends
 /// [`COMMON`] to each before compiling.
 pub(crate) const FAMILIES: &[(&str, &str)] = &[
-    ("layer_norm", include_str!("../../kernels/layer_norm.cu")),
-    ("rms_norm", include_str!("../../kernels/rms_norm.cu")),
+    (
+        "layer_norm",
+        concat!(
+            include_str!("../../kernels/norm_core.cuh"),
+            include_str!("../../kernels/layer_norm.cu")
+        ),
+    ),
+    (
+        "rms_norm",
+        concat!(
+            include_str!("../../kernels/norm_core.cuh"),
+            include_str!("../../kernels/rms_norm.cu")
+        ),
+    ),
     ("elementwise", include_str!("../../kernels/elementwise.cu")),
     ("reduce", include_str!("../../kernels/reduce.cu")),
     ("softmax", include_str!("../../kernels/softmax.cu")),
