@@ -4,6 +4,8 @@
 // Element types: f32 (float), f64 (double), and 16-bit f16/bf16 held as raw
 // bits, converted with PTX `cvt` (round to nearest even) so no cuda_fp16.h
 // is needed. Arithmetic happens in `acc_t<T>`: f32, or f64 for f64.
+// FG_EMU is defined only by the host emulator (tests/cuda_emu), which
+// compiles these files as C++ in place of the PTX below.
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -18,9 +20,13 @@ template <class T> using acc_t = typename Acc<T>::type;
 __device__ __forceinline__ float to_acc(float v) { return v; }
 __device__ __forceinline__ double to_acc(double v) { return v; }
 __device__ __forceinline__ float to_acc(f16 v) {
+#ifdef FG_EMU
+    return fg_emu_h2f(v.bits);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
     return f;
+#endif
 }
 __device__ __forceinline__ float to_acc(bf16 v) {
     return __uint_as_float(((unsigned int)v.bits) << 16);
@@ -31,12 +37,20 @@ template <> __device__ __forceinline__ float from_acc<float>(float v) { return v
 template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
 template <> __device__ __forceinline__ f16 from_acc<f16>(float v) {
     f16 h;
+#ifdef FG_EMU
+    h.bits = fg_emu_f2h(v);
+#else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(v));
+#endif
     return h;
 }
 template <> __device__ __forceinline__ bf16 from_acc<bf16>(float v) {
     bf16 h;
+#ifdef FG_EMU
+    h.bits = fg_emu_f2bf(v);
+#else
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(v));
+#endif
     return h;
 }
 

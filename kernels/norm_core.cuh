@@ -199,7 +199,11 @@ __device__ __forceinline__ int pf_rows(i64 row_bytes) {
 __device__ __forceinline__ void prefetch_row(const void *p, i64 bytes, int lane, int tpr) {
     const u64 end = (u64)p + (u64)bytes;
     for (u64 a = ((u64)p & ~(u64)127) + (u64)lane * 128; a < end; a += (u64)tpr * 128)
+#ifndef FG_EMU
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#else
+        (void)a;
+#endif
 }
 
 // ---- Team (the threads of one row) reductions in a fixed order.
@@ -216,7 +220,11 @@ struct Red {
     int tpr, lane, g, phase;
 };
 __device__ __forceinline__ void named_bar(int id, int n) {
+#ifndef FG_EMU
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+#else
+    fg_emu_bar(id, n);
+#endif
 }
 template <class A, int K, bool MAX> __device__ __forceinline__ void team_reduce(A (&v)[K], Red &r) {
     const int top = r.tpr < 32 ? r.tpr : 32;

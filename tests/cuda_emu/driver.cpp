@@ -1,0 +1,421 @@
+// A CPU stand-in for libcuda.so, for tests only: device pointers are host
+// addresses, every call completes before it returns (so streams and events
+// are trivially ordered), and cuLaunchKernel runs the kernel's own C++
+// (kernels/*.cu built against runtime.h) block by block, each block's
+// threads as fibers. Strictness where it is cheap: every allocation ends at
+// a guard page and starts filled with 0xff bytes (NaN for floats), copies
+// must stay inside one allocation, a module only gives the kernels its
+// image names, and a launch fails on a deadlock or an incomplete warp.
+#include "runtime.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+enum : int {
+    OK = 0,
+    INVALID_VALUE = 1,
+    OUT_OF_MEMORY = 2,
+    INVALID_IMAGE = 200,
+    NOT_FOUND = 500,
+    LAUNCH_FAILED = 719,
+    NOT_SUPPORTED = 801,
+};
+
+namespace {
+
+// ---- kernels ---------------------------------------------------------------
+struct Entry {
+    void *fn;
+    fg_emu_invoker invoke;
+};
+std::map<std::string, Entry> &registry() {
+    static std::map<std::string, Entry> r;
+    return r;
+}
+
+// ---- memory ----------------------------------------------------------------
+const size_t PAGE = 4096;
+struct Region {
+    char *map;
+    size_t map_len, len;
+};
+std::mutex mem_mu;
+std::map<uintptr_t, Region> regions;  // by start address
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// The allocation holding [p, p + n), or nullptr.
+const Region *find(uintptr_t p, size_t n) {
+    std::lock_guard<std::mutex> l(mem_mu);
+    auto it = regions.upper_bound(p);
+    if (it == regions.begin()) return nullptr;
+    --it;
+    if (p + n > it->first + it->second.len) return nullptr;
+    return &it->second;
+}
+
+bool report(const char *what) {
+    std::fprintf(stderr, "cuda-emu: %s\n", what);
+    return false;
+}
+
+// Host memory is any address that is not an allocation of ours.
+bool device_range(CUdeviceptr p, size_t n, const char *op) {
+    if (n == 0 || find((uintptr_t)p, n)) return true;
+    char m[200];
+    std::snprintf(m, sizeof m, "%s: [%#llx, +%zu) is not inside one allocation", op, p, n);
+    return report(m);
+}
+
+// ---- fibers ------------------------------------------------------------------
+const size_t STACK = 256 << 10;
+enum State { READY, WAITING, DONE };
+struct Fiber {
+    ucontext_t ctx;
+    char *stack = nullptr;
+    State state = DONE;
+};
+struct Barrier {
+    int needed = -1;  // -1: no arrivals yet; 0: all live threads
+    std::vector<int> waiters;
+};
+
+std::mutex launch_mu;
+Fiber fibers[1024];
+ucontext_t scheduler;
+int cur, nthreads, live;
+Barrier bars[16];
+Barrier warps[32];
+const Entry *entry;
+void **params;
+std::string failure;
+
+void fail(const std::string &m) {
+    if (failure.empty()) failure = m;
+}
+
+// Leaves the current fiber; with `failure` set it is never resumed.
+void park() { swapcontext(&fibers[cur].ctx, &scheduler); }
+
+int warp_lanes(int w) {
+    int n = nthreads - w * 32;
+    return n < 32 ? n : 32;
+}
+
+// Releases `b` when everyone it waits for has arrived.
+void try_release(Barrier &b, int needed) {
+    if ((int)b.waiters.size() < needed) return;
+    for (int t : b.waiters) fibers[t].state = READY;
+    b.waiters.clear();
+    b.needed = -1;
+}
+
+void arrive(Barrier &b, int needed) {
+    b.waiters.push_back(cur);
+    fibers[cur].state = WAITING;
+    try_release(b, needed);
+    if (fibers[cur].state == WAITING) park();
+}
+
+void fiber_main() {
+    entry->invoke(entry->fn, params);
+    fibers[cur].state = DONE;
+    --live;
+    Barrier &w = warps[cur >> 5];
+    if (!w.waiters.empty()) fail("a lane returned while its warp waited in a warp operation");
+    if (bars[0].needed == 0) try_release(bars[0], live);
+    // Returning resumes the scheduler (uc_link).
+}
+
+void run_block() {
+    live = nthreads;
+    for (auto &b : bars) b = Barrier();
+    for (auto &w : warps) w = Barrier();
+    for (int t = 0; t < nthreads; ++t) {
+        Fiber &f = fibers[t];
+        if (!f.stack) {
+            void *s = mmap(nullptr, STACK, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (s == MAP_FAILED) return fail("cannot map a fiber stack");
+            f.stack = (char *)s;
+        }
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack;
+        f.ctx.uc_stack.ss_size = STACK;
+        f.ctx.uc_link = &scheduler;
+        makecontext(&f.ctx, fiber_main, 0);
+        f.state = READY;
+    }
+    while (live > 0 && failure.empty()) {
+        bool ran = false;
+        for (int t = 0; t < nthreads && failure.empty(); ++t) {
+            if (fibers[t].state != READY) continue;
+            cur = t;
+            threadIdx.x = (unsigned)t;
+            swapcontext(&scheduler, &fibers[t].ctx);
+            ran = true;
+        }
+        if (!ran && failure.empty()) {
+            int w = 0;
+            for (int t = 0; t < nthreads; ++t) w += fibers[t].state == WAITING;
+            fail("deadlock: " + std::to_string(w) + " of " + std::to_string(nthreads) +
+                 " threads wait at a barrier nobody completes");
+        }
+    }
+}
+
+}  // namespace
+
+// ---- runtime.h's hooks -----------------------------------------------------------
+int fg_emu_register(const char *name, void *fn, fg_emu_invoker invoke) {
+    registry()[name] = Entry{fn, invoke};
+    return 1;
+}
+
+void fg_emu_fail(const char *what) {
+    fail(what);
+    park();
+}
+
+void fg_emu_bar(int id, int count) {
+    if (id < 0 || id >= 16) return fg_emu_fail("bar.sync with an id outside 0..15");
+    if (count % 32 != 0 || count < 0 || count > nthreads)
+        return fg_emu_fail("bar.sync with a thread count that is not a multiple of 32 "
+                           "within the block");
+    Barrier &b = bars[id];
+    if (b.needed >= 0 && b.needed != count)
+        return fg_emu_fail("threads meet at one barrier with different counts");
+    b.needed = count;
+    arrive(b, count == 0 ? live : count);
+}
+
+void fg_emu_warp() {
+    int w = cur >> 5, lanes = warp_lanes(w);
+    for (int l = 0; l < lanes; ++l)
+        if (fibers[w * 32 + l].state == DONE)
+            return fg_emu_fail("a warp operation after a lane of the warp returned");
+    arrive(warps[w], lanes);
+}
+
+// ---- the driver API ----------------------------------------------------------------
+extern "C" {
+
+static int dummy_handle;
+static void *const HANDLE = &dummy_handle;
+
+CUresult cuInit(unsigned) { return OK; }
+CUresult cuDriverGetVersion(int *v) { return *v = 13000, OK; }
+CUresult cuDeviceGetCount(int *n) { return *n = 1, OK; }
+CUresult cuDeviceGet(CUdevice *d, int ordinal) { return ordinal == 0 ? (*d = 0, OK) : INVALID_VALUE; }
+CUresult cuDeviceGetName(char *name, int len, CUdevice) {
+    std::snprintf(name, (size_t)len, "fusegrad CPU emulation (tests/cuda_emu)");
+    return OK;
+}
+CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice) { return *b = (size_t)16 << 30, OK; }
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+    *free = *total = (size_t)16 << 30;
+    return OK;
+}
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice) {
+    switch (attr) {
+    case 1: *v = 1024; break;   // max threads per block
+    case 8: *v = 49152; break;  // shared memory per block
+    case 10: *v = 32; break;    // warp size
+    case 16: *v = 132; break;   // multiprocessors
+    case 41: *v = 1; break;     // unified addressing
+    case 75: *v = 9; break;     // compute capability 9.0: NVRTC builds sm_90
+    case 76: *v = 0; break;
+    default: *v = 0;            // memory pools (115) and the rest: no
+    }
+    return OK;
+}
+CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice) { return *ctx = HANDLE, OK; }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return OK; }
+CUresult cuCtxSetCurrent(void *) { return OK; }
+CUresult cuCtxGetCurrent(void **ctx) { return *ctx = HANDLE, OK; }
+CUresult cuCtxGetDevice(CUdevice *d) { return *d = 0, OK; }
+CUresult cuCtxPushCurrent_v2(void *) { return OK; }
+CUresult cuCtxPopCurrent_v2(void **ctx) { return *ctx = HANDLE, OK; }
+CUresult cuCtxSynchronize() { return OK; }
+CUresult cuStreamCreate(void **s, unsigned) { return *s = HANDLE, OK; }
+CUresult cuStreamCreateWithPriority(void **s, unsigned, int) { return *s = HANDLE, OK; }
+CUresult cuStreamDestroy_v2(void *) { return OK; }
+CUresult cuStreamSynchronize(void *) { return OK; }
+CUresult cuStreamQuery(void *) { return OK; }
+CUresult cuStreamWaitEvent(void *, void *, unsigned) { return OK; }
+
+// Events hold the time they were recorded at.
+CUresult cuEventCreate(void **e, unsigned) { return *e = new double(0), OK; }
+CUresult cuEventDestroy_v2(void *e) { return delete (double *)e, OK; }
+CUresult cuEventRecord(void *e, void *) {
+    using namespace std::chrono;
+    *(double *)e = duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+    return OK;
+}
+CUresult cuEventSynchronize(void *) { return OK; }
+CUresult cuEventQuery(void *) { return OK; }
+CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
+    return *ms = (float)(*(double *)b - *(double *)a), OK;
+}
+CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) { return cuEventElapsedTime(ms, a, b); }
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    size_t len = round_up(n ? n : 1, 16), data = round_up(len, PAGE);
+    void *m = mmap(nullptr, data + PAGE, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return OUT_OF_MEMORY;
+    char *base = (char *)m;
+    mprotect(base + data, PAGE, PROT_NONE);
+    char *start = base + data - len;  // 16-byte aligned, ends at the guard page
+    std::memset(start, 0xff, len);
+    std::lock_guard<std::mutex> l(mem_mu);
+    regions[(uintptr_t)start] = Region{base, data + PAGE, n};
+    *p = (CUdeviceptr)start;
+    return OK;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    std::lock_guard<std::mutex> l(mem_mu);
+    auto it = regions.find((uintptr_t)p);
+    if (it == regions.end()) return report("cuMemFree of an address never allocated"), INVALID_VALUE;
+    munmap(it->second.map, it->second.map_len);
+    regions.erase(it);
+    return OK;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *) { return cuMemAlloc_v2(p, n); }
+CUresult cuMemFreeAsync(CUdeviceptr p, void *) { return cuMemFree_v2(p); }
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned) {
+    *p = std::malloc(n ? n : 1);
+    return *p ? OK : OUT_OF_MEMORY;
+}
+CUresult cuMemFreeHost(void *p) { return std::free(p), OK; }
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) {
+    if (!device_range(d, n, "cuMemcpyHtoD")) return INVALID_VALUE;
+    return std::memcpy((void *)d, h, n), OK;
+}
+CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) {
+    if (!device_range(d, n, "cuMemcpyDtoH")) return INVALID_VALUE;
+    return std::memcpy(h, (const void *)d, n), OK;
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+    if (!device_range(d, n, "cuMemcpyDtoD") || !device_range(s, n, "cuMemcpyDtoD"))
+        return INVALID_VALUE;
+    return std::memmove((void *)d, (const void *)s, n), OK;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, void *) {
+    return cuMemcpyHtoD_v2(d, h, n);
+}
+CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, void *) {
+    return cuMemcpyDtoH_v2(h, d, n);
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *) {
+    return cuMemcpyDtoD_v2(d, s, n);
+}
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
+    if (!device_range(d, n, "cuMemsetD8")) return INVALID_VALUE;
+    return std::memset((void *)d, v, n), OK;
+}
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *) {
+    return cuMemsetD8_v2(d, v, n);
+}
+
+// A module keeps its image's bytes: a kernel is found only if the image
+// (the CUBIN NVRTC made from the same family) names it.
+struct Module {
+    std::string image;
+};
+CUresult cuModuleLoadData(void **m, const void *image) {
+    const unsigned char *p = (const unsigned char *)image;
+    if (std::memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2)
+        return report("cuModuleLoadData: the image is not a 64-bit ELF (CUBIN)"), INVALID_IMAGE;
+    unsigned long long shoff;
+    unsigned short shentsize, shnum;
+    std::memcpy(&shoff, p + 0x28, 8);
+    std::memcpy(&shentsize, p + 0x3a, 2);
+    std::memcpy(&shnum, p + 0x3c, 2);
+    *m = new Module{std::string((const char *)p, shoff + (size_t)shentsize * shnum)};
+    return OK;
+}
+CUresult cuModuleUnload(void *m) { return delete (Module *)m, OK; }
+CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
+    const std::string &img = ((Module *)m)->image;
+    std::string key = std::string(name) + '\0';
+    auto it = registry().find(name);
+    if (img.find(key) == std::string::npos || it == registry().end()) return NOT_FOUND;
+    *f = (void *)&*it;
+    return OK;
+}
+CUresult cuFuncGetAttribute(int *v, int, void *) { return *v = 0, OK; }
+CUresult cuFuncSetAttribute(void *, int, int) { return OK; }
+CUresult cuFuncSetCacheConfig(void *, int) { return OK; }
+
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned smem, void *, void **args,
+                        void **extra) {
+    auto *e = (std::pair<const std::string, Entry> *)f;
+    const char *bad = nullptr;
+    if (gy != 1 || gz != 1 || by != 1 || bz != 1) bad = "a y or z dimension (the kernels use x only)";
+    else if (gx < 1 || gx > 0x7fffffffu) bad = "a grid outside 1..2^31-1";
+    else if (bx < 1 || bx > 1024) bad = "a block outside 1..1024";
+    else if (smem != 0) bad = "dynamic shared memory (no kernel declares any)";
+    else if (extra) bad = "the `extra` argument form";
+    if (bad) {
+        std::fprintf(stderr, "cuda-emu: %s launched with %s\n", e->first.c_str(), bad);
+        return INVALID_VALUE;
+    }
+    std::lock_guard<std::mutex> l(launch_mu);
+    entry = &e->second;
+    params = args;
+    failure.clear();
+    nthreads = (int)bx;
+    blockDim.x = bx;
+    gridDim.x = gx;
+    for (unsigned b = 0; b < gx && failure.empty(); ++b) {
+        blockIdx.x = b;
+        run_block();
+    }
+    if (!failure.empty()) {
+        std::fprintf(stderr, "cuda-emu: %s<<<%u, %u>>> block %u thread %d: %s\n", e->first.c_str(),
+                     gx, bx, blockIdx.x, cur, failure.c_str());
+        return LAUNCH_FAILED;
+    }
+    return OK;
+}
+
+CUresult cuGetErrorString(CUresult r, const char **s) {
+    switch (r) {
+    case OK: *s = "no error"; break;
+    case INVALID_VALUE: *s = "invalid argument (see cuda-emu's line on stderr)"; break;
+    case OUT_OF_MEMORY: *s = "out of memory"; break;
+    case INVALID_IMAGE: *s = "device kernel image is invalid"; break;
+    case NOT_FOUND: *s = "named symbol not found"; break;
+    case LAUNCH_FAILED: *s = "unspecified launch failure (see cuda-emu's line on stderr)"; break;
+    default: *s = "unknown error";
+    }
+    return OK;
+}
+CUresult cuGetErrorName(CUresult r, const char **s) {
+    switch (r) {
+    case OK: *s = "CUDA_SUCCESS"; break;
+    case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; break;
+    case NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN";
+    }
+    return OK;
+}
+
+}  // extern "C"

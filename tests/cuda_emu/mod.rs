@@ -1,0 +1,64 @@
+//! Where no CUDA driver is installed, the CUDA tests run against a CPU
+//! emulation of the driver and cuBLAS (this folder's C++, with every kernel
+//! of `kernels/` compiled for the host by `scripts/build-cuda-emu.py`), so
+//! the launchers and the kernels' own code are exercised without a GPU.
+//! The libraries are loaded by path before fusegrad first asks for CUDA;
+//! their sonames make cudarc's later load by bare name find them.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// How the CUDA tests run here: `Ok(false)` on a real driver, `Ok(true)`
+/// on the emulation, `Err(why)` when neither is possible.
+pub fn use_emulation_if_no_driver() -> &'static Result<bool, String> {
+    static STATE: OnceLock<Result<bool, String>> = OnceLock::new();
+    STATE.get_or_init(|| {
+        if real_driver() {
+            return Ok(false);
+        }
+        load().map(|()| true)
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn real_driver() -> bool {
+    // SAFETY: loads a system library by name and unloads it.
+    ["libcuda.so.1", "libcuda.so"]
+        .iter()
+        .any(|n| unsafe { libloading::Library::new(*n) }.is_ok())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn real_driver() -> bool {
+    false
+}
+
+#[cfg(feature = "cuda")]
+fn load() -> Result<(), String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(root.join("scripts/build-cuda-emu.py"))
+        .output()
+        .map_err(|e| format!("no CUDA driver, and python3 to build its emulation: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "no CUDA driver, and its emulation did not build: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    for lib in ["libcuda.so", "libcublas.so"] {
+        let path = root.join("target/cuda-emu").join(lib);
+        // SAFETY: our own test library; kept loaded for the process.
+        let l = unsafe { libloading::Library::new(&path) }
+            .map_err(|e| format!("loading {}: {e}", path.display()))?;
+        std::mem::forget(l);
+    }
+    eprintln!("no CUDA driver here: running on the CPU emulation (tests/cuda_emu)");
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn load() -> Result<(), String> {
+    Err("built without the `cuda` feature".into())
+}
