@@ -9,7 +9,7 @@ kit=target/gpu-kit
 rm -rf "$kit" && mkdir -p "$kit"
 cargo build --release --bin fusegrad
 cp target/release/fusegrad "$kit/"
-for t in cuda cuda_unavailable; do
+for t in cuda cuda_norms cuda_unavailable; do
     exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:

@@ -2,7 +2,8 @@
 // addresses, every call completes before it returns (so streams and events
 // are trivially ordered), and cuLaunchKernel runs the kernel's own C++
 // (kernels/*.cu built against runtime.h) block by block, each block's
-// threads as fibers. Strictness where it is cheap: every allocation ends at
+// threads as fibers (even blocks first to last, odd blocks last to first).
+// Strictness where it is cheap: every allocation ends at
 // a guard page and starts filled with 0xff bytes (NaN for floats), copies
 // must stay inside one allocation, a module only gives the kernels its
 // image names, and a launch fails on a deadlock or an incomplete warp.
@@ -159,7 +160,10 @@ void run_block() {
     }
     while (live > 0 && failure.empty()) {
         bool ran = false;
-        for (int t = 0; t < nthreads && failure.empty(); ++t) {
+        for (int i = 0; i < nthreads && failure.empty(); ++i) {
+            // Odd blocks run their threads last to first: a missing barrier
+            // then shows from either side.
+            int t = blockIdx.x % 2 ? nthreads - 1 - i : i;
             if (fibers[t].state != READY) continue;
             cur = t;
             threadIdx.x = (unsigned)t;
