@@ -115,6 +115,7 @@ __device__ __forceinline__ double sp_high(double x) {
 
 // e^(-x^2 / 2^k), k in {0,1}: x^2 = h^2 + (x-h)(x+h) with h^2 exact.
 __device__ __forceinline__ double sp_exp_neg_sq(double x, bool halve) {
+    if (fabs(x) > 1.7976931348623157e308) return 0.0;  // +-inf: the limit, not inf - inf
     double h = sp_high(x);
     double s = halve ? 0.5 : 1.0;
     double e1 = exp(__dmul_rn(-__dmul_rn(h, h), s));

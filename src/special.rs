@@ -29,6 +29,10 @@ fn high_part(x: f64) -> f64 {
 /// `e^(-x^2 / 2^k)` for `k` in {0, 1}, without the rounding error of
 /// forming `x^2`: `x^2 = h^2 + (x - h)(x + h)` with `h^2` exact.
 fn exp_neg_sq(x: f64, halve: bool) -> f64 {
+    // At +-inf the split below would form inf - inf; the limit is 0.
+    if x.is_infinite() {
+        return 0.0;
+    }
     let h = high_part(x);
     let s = if halve { 0.5 } else { 1.0 };
     (-(h * h) * s).exp() * (-((x - h) * (x + h)) * s).exp()

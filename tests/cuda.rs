@@ -389,3 +389,61 @@ fn adamw_training_steps_on_the_gpu_match_the_cpu() {
     close("adamw", "losses", &finals[0].0, &finals[1].0, 1e-4);
     close("adamw", "params", &finals[0].1, &finals[1].1, 1e-4);
 }
+
+/// Infinities, NaN, signed zeros, large and subnormal inputs through the
+/// unary ops: the GPU gives the CPU's NaNs and infinities, and its finite
+/// values within tolerance.
+#[test]
+fn special_values_match_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    let xs = vec![
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        40.0,
+        -40.0,
+        1e-40,
+        -3.5,
+    ];
+    type Unary = fn(&Var<f32>) -> Result<Var<f32>>;
+    let unary: [(&str, Unary); 10] = [
+        ("neg", ops::neg),
+        ("exp", ops::exp),
+        ("log", ops::log),
+        ("sqrt", ops::sqrt),
+        ("rsqrt", ops::rsqrt),
+        ("tanh", ops::tanh),
+        ("sigmoid", ops::sigmoid),
+        ("relu", ops::relu),
+        ("gelu", ops::gelu),
+        ("gelu_tanh", ops::gelu_tanh),
+    ];
+    for (name, f) in unary {
+        let mut outs = Vec::new();
+        for d in [Device::Cpu, dev] {
+            let tape = Tape::new();
+            let x = tape
+                .var_on(Tensor::from_vec(vec![xs.len()], xs.clone()).unwrap(), d)
+                .unwrap();
+            let y = f(&x).unwrap();
+            let cot = Tensor::from_vec(vec![xs.len()], vec![0.75f32; xs.len()]).unwrap();
+            let g = y.backward_with(&cot.to_device(d).unwrap()).unwrap();
+            outs.push([
+                y.value().to_f64_vec().unwrap(),
+                g.wrt(&x).unwrap().to_f64_vec().unwrap(),
+            ]);
+        }
+        for (k, what) in ["forward", "grad"].iter().enumerate() {
+            for (i, (a, b)) in outs[0][k].iter().zip(&outs[1][k]).enumerate() {
+                let ok = if a.is_nan() || a.is_infinite() || *a == 0.0 {
+                    a.is_nan() && b.is_nan() || a == b
+                } else {
+                    (a - b).abs() <= 1e-5 * a.abs().max(1e-30)
+                };
+                assert!(ok, "{name} {what} at x = {}: cpu {a} vs cuda {b}", xs[i]);
+            }
+        }
+    }
+}

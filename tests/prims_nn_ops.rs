@@ -489,6 +489,18 @@ const GELU: [(f64, f64, f64); 9] = [
 ];
 
 #[test]
+fn gelu_slope_at_infinities_is_its_limit() {
+    let tape = Tape::new();
+    let x = tape.var(Tensor::from_vec(vec![2], vec![f64::INFINITY, f64::NEG_INFINITY]).unwrap());
+    let y = ops::gelu(&x).unwrap();
+    let c = cotangent(&y, 5);
+    let cv = c.to_f64_vec().unwrap();
+    let dx = grad(&y, &c, &x);
+    assert_eq!(vals(&y)[0], f64::INFINITY);
+    assert_eq!(dx, vec![cv[0], 0.0], "slope 1 at +inf, 0 at -inf");
+}
+
+#[test]
 fn gelu_is_the_exact_erf_form_and_gelu_tanh_the_approximation() {
     let xs: Vec<f64> = GELU.iter().map(|r| r.0).collect();
     let tape = Tape::new();

@@ -6,7 +6,7 @@
 //! it); relu keeps one bit per element (where the input was positive); gelu
 //! keeps its input.
 
-use super::{binary, relu_backward, relu_forward, unary, Binary, Unary};
+use super::{binary, relu_backward, relu_forward, unary, Binary, ReluMask, Unary};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::op::Op;
@@ -55,20 +55,21 @@ impl<T: Element> Op<T> for Sigmoid {
 /// else 0 (the derivative at 0 is taken as 0, as PyTorch does).
 struct Relu;
 
-/// One bit per element, bit `i % 8` of byte `i / 8`: set where the gradient
-/// passes.
-type Mask = Vec<u8>;
-
 impl<T: Element> Op<T> for Relu {
-    /// A bit mask of where the gradient passes: `n / 8` bytes.
-    type State = Mask;
+    /// A bit mask of where the gradient passes: `n / 8` bytes, on x's device.
+    type State = ReluMask;
     fn name(&self) -> &'static str {
         "relu"
     }
-    fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Mask)> {
+    fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, ReluMask)> {
         relu_forward(x[0])
     }
-    fn backward(&self, mask: &Mask, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
+    fn backward(
+        &self,
+        mask: &ReluMask,
+        g: &Tensor<T>,
+        _: &[bool],
+    ) -> Result<Vec<Option<Tensor<T>>>> {
         Ok(vec![Some(relu_backward(mask, g)?)])
     }
 }

@@ -6,6 +6,7 @@ use crate::device::cuda::{blocks_for, cfg, launch, strides};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::tensor::{CudaBuf, Tensor};
+use cudarc::driver::CudaSlice;
 
 const BLOCK: u32 = 256;
 
@@ -120,48 +121,36 @@ pub(crate) fn mul_grads<T: Element>(
     ))
 }
 
-/// Relu's output and its pass mask, the mask copied to the host in the
-/// CPU's packed form (bit `i % 8` of byte `i / 8`).
+/// Relu's output and its pass mask, which stays on the GPU: bit `i % 32` of
+/// word `i / 32`.
 pub(crate) fn relu_forward<T: Element>(
     x: &CudaBuf<T>,
     shape: &[usize],
-) -> Result<(Tensor<T>, Vec<u8>)> {
+) -> Result<(Tensor<T>, CudaSlice<u32>)> {
     let g = &x.gpu;
     let n = x.len;
-    let words = n.div_ceil(32);
     let mut y = g.uninit::<T>(n)?;
-    let mut mask = g.zeros::<u32>(words)?;
+    let mut mask = g.zeros::<u32>(n.div_ceil(32))?;
     if n > 0 {
         launch!(g, "relu", g.function::<T>("elementwise", "relu_fwd")?, cfg(grid(n), BLOCK, 0);
             &x.data, &mut y, &mut mask, &(n as i64))?;
     }
-    let bytes: Vec<u8> = g
-        .download(&mask, words)?
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .take(n.div_ceil(8))
-        .collect();
-    Ok((Tensor::from_cuda(shape, g.clone(), y)?, bytes))
+    Ok((Tensor::from_cuda(shape, g.clone(), y)?, mask))
 }
 
-/// `g` where the (host, packed) mask passes, else 0.
+/// `g` where the mask (from [`relu_forward`]) passes, else 0.
 pub(crate) fn relu_backward<T: Element>(
-    mask: &[u8],
+    mask: &CudaSlice<u32>,
     gr: &CudaBuf<T>,
     shape: &[usize],
 ) -> Result<Tensor<T>> {
     let g = &gr.gpu;
     let n = gr.len;
-    let mut words = vec![0u32; n.div_ceil(32)];
-    for (i, &b) in mask.iter().enumerate() {
-        words[i / 4] |= (b as u32) << (8 * (i % 4));
-    }
     let mut dx = g.uninit::<T>(n)?;
     if n > 0 {
-        let m = g.upload(&words)?;
         launch!(g, "relu backward", g.function::<T>("elementwise", "relu_bwd")?,
             cfg(grid(n), BLOCK, 0);
-            &m, &gr.data, &mut dx, &(n as i64))?;
+            mask, &gr.data, &mut dx, &(n as i64))?;
     }
     Tensor::from_cuda(shape, g.clone(), dx)
 }

@@ -18,6 +18,7 @@ pub use unary::*;
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::op::{Saved, SavedItem};
 use crate::shape::{alloc_filled, broadcast_shapes};
 use crate::tensor::{Dims, Storage, Tensor};
 
@@ -191,24 +192,57 @@ pub(crate) fn mul_grads<T: Element>(
     }
 }
 
+/// Where relu's gradient passes, one bit per element, kept on the device
+/// that computed it: bit `i % 8` of byte `i / 8` on the CPU; bit `i % 32`
+/// of word `i / 32` on a GPU (the same bits, little-endian).
+pub(crate) enum ReluMask {
+    Cpu(Vec<u8>),
+    #[cfg(feature = "cuda")]
+    Cuda(cudarc::driver::CudaSlice<u32>),
+}
+
+impl Saved for ReluMask {
+    fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
+        f(SavedItem::Raw(match self {
+            ReluMask::Cpu(m) => m.len(),
+            #[cfg(feature = "cuda")]
+            ReluMask::Cuda(m) => 4 * m.len(),
+        }))
+    }
+}
+
 /// Relu's output and the bit mask of where its gradient passes.
-pub(crate) fn relu_forward<T: Element>(x: &Tensor<T>) -> Result<(Tensor<T>, Vec<u8>)> {
+pub(crate) fn relu_forward<T: Element>(x: &Tensor<T>) -> Result<(Tensor<T>, ReluMask)> {
     match x.storage() {
         Storage::Cpu(xs) => {
             let (y, mask) = cpu::relu_forward(xs);
-            Ok((Tensor::from_buffer(x.shape(), y)?, mask))
+            Ok((Tensor::from_buffer(x.shape(), y)?, ReluMask::Cpu(mask)))
         }
         #[cfg(feature = "cuda")]
-        Storage::Cuda(xs) => cuda::relu_forward(xs, x.shape()),
+        Storage::Cuda(xs) => {
+            let (y, mask) = cuda::relu_forward(xs, x.shape())?;
+            Ok((y, ReluMask::Cuda(mask)))
+        }
     }
 }
 
 /// `g` where `mask` (from [`relu_forward`]) passes, else 0.
-pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &Tensor<T>) -> Result<Tensor<T>> {
-    match g.storage() {
-        Storage::Cpu(gs) => Tensor::from_buffer(g.shape(), cpu::relu_backward(mask, gs)),
+pub(crate) fn relu_backward<T: Element>(mask: &ReluMask, g: &Tensor<T>) -> Result<Tensor<T>> {
+    match (mask, g.storage()) {
+        (ReluMask::Cpu(m), Storage::Cpu(gs)) => {
+            Tensor::from_buffer(g.shape(), cpu::relu_backward(m, gs))
+        }
         #[cfg(feature = "cuda")]
-        Storage::Cuda(gs) => cuda::relu_backward(mask, gs, g.shape()),
+        (ReluMask::Cuda(m), Storage::Cuda(gs)) => cuda::relu_backward(m, gs, g.shape()),
+        #[cfg(feature = "cuda")]
+        (m, _) => Err(Error::DeviceMismatch {
+            op: "relu backward",
+            lhs: match m {
+                ReluMask::Cpu(_) => "cpu (saved mask)".into(),
+                ReluMask::Cuda(_) => "cuda (saved mask)".into(),
+            },
+            rhs: g.device().to_string(),
+        }),
     }
 }
 
