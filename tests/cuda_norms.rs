@@ -274,3 +274,41 @@ fn finite_differences_on_the_device_f64() {
         }
     }
 }
+
+/// `fusegrad bench --device cuda` on a small shape: every figure is a
+/// positive time or rate (on the emulation the times are CPU times, and
+/// only the bench's own code is checked, not its figures).
+#[cfg(feature = "cuda")]
+#[test]
+fn the_cuda_bench_measures_every_figure() {
+    use fusegrad::bench::measure_cuda;
+    if gpu().is_none() {
+        return;
+    }
+    let rows = [
+        measure_cuda::<f32>(16, 256, false, 2).unwrap(),
+        measure_cuda::<half::bf16>(8, 130, true, 2).unwrap(),
+    ];
+    for r in &rows {
+        let figures = [
+            r.fwd_us,
+            r.bwd_us,
+            r.copy_fwd_us,
+            r.copy_bwd_us,
+            r.composed_us,
+            r.fwd_gbs,
+            r.bwd_gbs,
+        ];
+        assert!(figures.iter().all(|v| v.is_finite() && *v > 0.0), "{r:?}");
+        let json = r.json();
+        for key in [
+            "\"op\"",
+            "\"dtype\"",
+            "\"fwd_us\"",
+            "\"bwd_us\"",
+            "\"composed_us\"",
+        ] {
+            assert!(json.contains(key), "{key} missing from {json}");
+        }
+    }
+}
