@@ -2,7 +2,7 @@
 // addresses, every call completes before it returns (so streams and events
 // are trivially ordered), and cuLaunchKernel runs the kernel's own C++
 // (kernels/*.cu built against runtime.h) block by block, each block's
-// threads as fibers (even blocks first to last, odd blocks last to first).
+// threads as fibers (first to last and last to first in alternation).
 // Strictness where it is cheap: every allocation ends at
 // a guard page and starts filled with 0xff bytes (NaN for floats), copies
 // must stay inside one allocation, a module only gives the kernels its
@@ -96,6 +96,7 @@ std::mutex launch_mu;
 Fiber fibers[1024];
 ucontext_t scheduler;
 int cur, nthreads, live;
+unsigned launches;  // kernels launched so far
 Barrier bars[16];
 Barrier warps[32];
 const Entry *entry;
@@ -161,9 +162,9 @@ void run_block() {
     while (live > 0 && failure.empty()) {
         bool ran = false;
         for (int i = 0; i < nthreads && failure.empty(); ++i) {
-            // Odd blocks run their threads last to first: a missing barrier
-            // then shows from either side.
-            int t = blockIdx.x % 2 ? nthreads - 1 - i : i;
+            // Every other block, and block 0 of every other launch, runs its
+            // threads last to first: a missing barrier shows from either side.
+            int t = (blockIdx.x + launches) % 2 ? nthreads - 1 - i : i;
             if (fibers[t].state != READY) continue;
             cur = t;
             threadIdx.x = (unsigned)t;
@@ -389,6 +390,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
         blockIdx.x = b;
         run_block();
     }
+    ++launches;
     if (!failure.empty()) {
         std::fprintf(stderr, "cuda-emu: %s<<<%u, %u>>> block %u thread %d: %s\n", e->first.c_str(),
                      gx, bx, blockIdx.x, cur, failure.c_str());
