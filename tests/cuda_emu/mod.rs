@@ -5,8 +5,6 @@
 //! The libraries are loaded by path before fusegrad first asks for CUDA;
 //! their sonames make cudarc's later load by bare name find them.
 
-use std::path::Path;
-use std::process::Command;
 use std::sync::OnceLock;
 
 /// How the CUDA tests run here: `Ok(false)` on a real driver, `Ok(true)`
@@ -36,8 +34,8 @@ fn real_driver() -> bool {
 
 #[cfg(feature = "cuda")]
 fn load() -> Result<(), String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3")
         .arg(root.join("scripts/build-cuda-emu.py"))
         .output()
         .map_err(|e| format!("no CUDA driver, and python3 to build its emulation: {e}"))?;
