@@ -6,26 +6,11 @@
 //! each test prints why it skipped.
 
 mod cuda_emu;
+use cuda_emu::gpu;
 
 use fusegrad::mask::causal_mask;
 use fusegrad::rng::Rng;
 use fusegrad::{ops, Device, Element, Error, Result, Tape, Tensor, Var};
-
-/// The first GPU (real or emulated), or `None` after printing why there
-/// is none.
-fn gpu() -> Option<Device> {
-    if let Err(why) = cuda_emu::use_emulation_if_no_driver() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    match Device::Cuda(0).ensure_available() {
-        Ok(()) => Some(Device::Cuda(0)),
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
 
 type OpFn<T> = fn(&[Var<T>]) -> Result<Var<T>>;
 

@@ -7,23 +7,10 @@
 
 #[path = "cuda_emu/mod.rs"]
 mod cuda_emu;
+use cuda_emu::gpu;
 
 use fusegrad::rng::Rng;
 use fusegrad::{ops, Device, Element, Result, Tape, Tensor, Var};
-
-fn gpu() -> Option<Device> {
-    if let Err(why) = cuda_emu::use_emulation_if_no_driver() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    match Device::Cuda(0).ensure_available() {
-        Ok(()) => Some(Device::Cuda(0)),
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Norm {

@@ -56,14 +56,13 @@ std::map<uintptr_t, Region> regions;  // by start address
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-// The allocation holding [p, p + n), or nullptr.
-const Region *find(uintptr_t p, size_t n) {
+// Whether [p, p + n) lies inside one allocation.
+bool inside(uintptr_t p, size_t n) {
     std::lock_guard<std::mutex> l(mem_mu);
     auto it = regions.upper_bound(p);
-    if (it == regions.begin()) return nullptr;
+    if (it == regions.begin()) return false;
     --it;
-    if (p + n > it->first + it->second.len) return nullptr;
-    return &it->second;
+    return p + n <= it->first + it->second.len;
 }
 
 bool report(const char *what) {
@@ -73,7 +72,7 @@ bool report(const char *what) {
 
 // Host memory is any address that is not an allocation of ours.
 bool device_range(CUdeviceptr p, size_t n, const char *op) {
-    if (n == 0 || find((uintptr_t)p, n)) return true;
+    if (n == 0 || inside((uintptr_t)p, n)) return true;
     char m[200];
     std::snprintf(m, sizeof m, "%s: [%#llx, +%zu) is not inside one allocation", op, p, n);
     return report(m);

@@ -5,11 +5,28 @@
 //! The libraries are loaded by path before fusegrad first asks for CUDA;
 //! their sonames make cudarc's later load by bare name find them.
 
+use fusegrad::Device;
 use std::sync::OnceLock;
+
+/// The first GPU (real or emulated), or `None` after printing why there
+/// is none.
+pub fn gpu() -> Option<Device> {
+    if let Err(why) = use_emulation_if_no_driver() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    match Device::Cuda(0).ensure_available() {
+        Ok(()) => Some(Device::Cuda(0)),
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
 
 /// How the CUDA tests run here: `Ok(false)` on a real driver, `Ok(true)`
 /// on the emulation, `Err(why)` when neither is possible.
-pub fn use_emulation_if_no_driver() -> &'static Result<bool, String> {
+fn use_emulation_if_no_driver() -> &'static Result<bool, String> {
     static STATE: OnceLock<Result<bool, String>> = OnceLock::new();
     STATE.get_or_init(|| {
         if real_driver() {
