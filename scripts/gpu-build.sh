@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Builds what the GPU machine runs (it has no Rust toolchain): the CUDA
-# test binaries and the `fusegrad` command, in release, stripped, with
-# scripts/gpu-check.sh, into target/gpu-kit/ (ignored; tens of MiB).
-# Then on the GPU machine: `bash target/gpu-kit/gpu-check.sh` (writes $OUT).
+# Builds what the GPU machine runs (it has no Rust toolchain and no
+# network) into target/gpu-kit/: the `fusegrad` command and the CUDA test
+# binaries (release, stripped), scripts/gpu-check.sh, the PyTorch bench,
+# and a kernel cache holding every family compiled for sm_90 by NVRTC 13.0,
+# the version the GPU machine loads, so nothing compiles there.
+# Then: carry target/gpu-kit, run `bash target/gpu-kit/gpu-check.sh` there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kit=target/gpu-kit
-rm -rf "$kit" && mkdir -p "$kit"
+rm -rf "$kit" && mkdir -p "$kit/cache"
 cargo build --release --bin fusegrad
 cp target/release/fusegrad "$kit/"
 for t in cuda cuda_norms cuda_unavailable; do
@@ -20,4 +22,11 @@ for l in sys.stdin:
 done
 strip "$kit"/fusegrad "$kit"/test-*
 cp scripts/gpu-check.sh scripts/bench_torch_cuda.py "$kit/"
-du -sh "$kit"
+nvrtc13=$(scripts/install-cuda-tools.sh 13)
+FUSEGRAD_NVRTC="$nvrtc13" "$kit/fusegrad" kernels --arch sm_90 --cache "$kit/cache" | tail -2
+mib=$(du -sm "$kit" | cut -f1)
+echo "kit: $kit, $mib MiB"
+if [ "$mib" -gt 48 ]; then
+    echo "the kit is over 48 MiB: it would not travel with room to spare" >&2
+    exit 1
+fi

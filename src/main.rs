@@ -112,11 +112,13 @@ fn prims_only() -> Result<()> {
     Ok(())
 }
 
-/// Every kernel compiled for the checked architectures, as a table; false
-/// on any spill.
+/// Every kernel compiled for `archs` (or read from the kernel cache:
+/// `cache`, else the process's), as a table; false on any spill.
 #[cfg(feature = "cuda")]
-fn kernels() -> Result<bool> {
-    let rows = fusegrad::device::kernel_table(&fusegrad::device::CHECKED_ARCHS)?;
+fn kernels(archs: &[u32], cache: Option<&std::path::Path>) -> Result<bool> {
+    use fusegrad::device;
+    println!("{}", device::nvrtc_info()?);
+    let rows = device::kernel_table(archs, cache)?;
     println!(
         "{:<14} {:<30} {:>6} {:>5} {:>6} {:>6}",
         "family", "kernel", "arch", "regs", "smem", "spill"
@@ -133,7 +135,16 @@ fn kernels() -> Result<bool> {
         );
     }
     let spills = rows.iter().filter(|r| r.spill_bytes > 0).count();
-    println!("\n{} kernels compiled, {spills} with spills", rows.len());
+    println!("\n{} kernels, {spills} with spills", rows.len());
+    let st = device::kernel_stats();
+    let dir = cache.map(|d| d.to_path_buf()).or(st.dir);
+    println!(
+        "kernel cache {}: {} families compiled now ({:.1} s), {} read from it",
+        dir.map_or("off".into(), |d| d.display().to_string()),
+        st.compiled,
+        st.compile_seconds,
+        st.loaded
+    );
     Ok(spills == 0)
 }
 
@@ -161,8 +172,18 @@ fn bench_cuda(_json: bool) -> Result<bool> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn kernels() -> Result<bool> {
+fn kernels(_archs: &[u32], _cache: Option<&std::path::Path>) -> Result<bool> {
     Device::Cuda(0).ensure_available().map(|_| false)
+}
+
+/// `sm_90` (or `90`) as 90.
+fn parse_arch(s: &str) -> std::result::Result<u32, String> {
+    s.strip_prefix("sm_")
+        .unwrap_or(s)
+        .parse::<u32>()
+        .ok()
+        .filter(|a| (30..=200).contains(a))
+        .ok_or_else(|| format!("{s:?} is not an architecture like sm_90"))
 }
 
 /// The command line: subcommands and their flags. Unknown flags and stray
@@ -183,9 +204,25 @@ fn cli() -> Command {
                         .help("Where to write the plot; a name ending in .svg writes SVG, in .png a PNG"),
                 ),
         )
-        .subcommand(Command::new("kernels").about(
-            "Compile every CUDA kernel with NVRTC for sm_80 and sm_90 (no GPU needed) and show registers, shared memory and spills",
-        ))
+        .subcommand(
+            Command::new("kernels")
+                .about("Compile every CUDA kernel with NVRTC (no GPU needed) into the kernel cache and show registers, shared memory and spills")
+                .arg(
+                    Arg::new("arch")
+                        .long("arch")
+                        .value_name("sm_XY")
+                        .action(ArgAction::Append)
+                        .value_parser(parse_arch)
+                        .help("An architecture to compile for (repeatable; default sm_80 and sm_90)"),
+                )
+                .arg(
+                    Arg::new("cache")
+                        .long("cache")
+                        .value_name("DIR")
+                        .value_parser(value_parser!(PathBuf))
+                        .help("The kernel cache to fill (default: $FUSEGRAD_CACHE_DIR, else ~/.cache/fusegrad)"),
+                ),
+        )
         .subcommand(
             Command::new("bench")
                 .about("Fused LayerNorm fwd+bwd against a same-run copy and the composed twin, all eight shapes; then the primitive ops")
@@ -222,6 +259,11 @@ fn run() -> Result<bool> {
                     println!("GPU: none usable, so everything below runs on the CPU ({why})")
                 }
             }
+            #[cfg(feature = "cuda")]
+            match fusegrad::device::nvrtc_info() {
+                Ok(n) => println!("kernel compiler: {n}"),
+                Err(e) => println!("kernel compiler: none ({e})"),
+            }
             let ok = primitives()?;
             norms()?;
             stability_demo(PathBuf::from("target/stability.svg"))?;
@@ -240,7 +282,13 @@ fn run() -> Result<bool> {
             fusegrad::plot::Format::from_path(&plot)?;
             stability_demo(plot).map(|_| true)
         }
-        Some(("kernels", _)) => kernels(),
+        Some(("kernels", a)) => {
+            let archs: Vec<u32> = match a.get_many::<u32>("arch") {
+                Some(v) => v.copied().collect(),
+                None => vec![80, 90],
+            };
+            kernels(&archs, a.get_one::<PathBuf>("cache").map(PathBuf::as_path))
+        }
         Some(("bench", a)) => {
             if a.get_one::<String>("device").map(String::as_str) == Some("cuda") {
                 Device::Cuda(0).ensure_available()?;

@@ -7,7 +7,7 @@
 fn every_kernel_compiles_without_spills() {
     use fusegrad::device::{kernel_table, CHECKED_ARCHS};
     use fusegrad::Error;
-    let rows = match kernel_table(&CHECKED_ARCHS) {
+    let rows = match kernel_table(&CHECKED_ARCHS, None) {
         Err(Error::CudaUnavailable { reason }) => {
             eprintln!("skipped: {reason}");
             return;

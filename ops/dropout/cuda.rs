@@ -18,7 +18,7 @@ pub(crate) fn apply<T: Element>(
     let n = x.len;
     let mut y = g.uninit::<T>(n)?;
     if n > 0 {
-        let k = g.upload(keep)?;
+        let k = g.upload_owned(keep.to_vec())?;
         launch!(g, "dropout", g.function::<T>("dropout", "dropout")?,
             cfg(blocks_for(n, 256), 256, 0);
             &x.data, &k, &mut y, &(n as i64), &scale)?;

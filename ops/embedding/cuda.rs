@@ -25,7 +25,7 @@ pub(crate) fn gather<T: Element>(
     let n = ids.len() * dim;
     let mut y = g.uninit::<T>(n)?;
     if n > 0 {
-        let d_ids = g.upload(&as_i64(ids))?;
+        let d_ids = g.upload_owned(as_i64(ids))?;
         launch!(g, "embedding", g.function::<T>("embedding", "embedding")?,
             cfg(blocks_for(n, BLOCK as usize), BLOCK, 0);
             &w.data, &d_ids, &mut y, &(ids.len() as i64), &(dim as i64))?;
@@ -45,7 +45,10 @@ pub(crate) fn scatter_add<T: Element>(
     let mut dw = g.zeros::<T>(n)?;
     if n > 0 && !ids.is_empty() {
         let (start, pos) = positions_by_id(ids, vocab);
-        let (d_start, d_pos) = (g.upload(&as_i64(&start))?, g.upload(&as_i64(&pos))?);
+        let (d_start, d_pos) = (
+            g.upload_owned(as_i64(&start))?,
+            g.upload_owned(as_i64(&pos))?,
+        );
         launch!(g, "embedding backward", g.function::<T>("embedding", "embedding_backward")?,
             cfg(blocks_for(n, BLOCK as usize), BLOCK, 0);
             &gr.data, &d_start, &d_pos, &mut dw, &(vocab as i64), &(dim as i64))?;

@@ -103,7 +103,7 @@ pub(crate) fn cross_entropy<T: Element>(
         // No rows (c may be 0 too): nothing to launch but the NaN mean.
         finish::<T>(g, None, 0)?
     } else {
-        let tg = g.upload(&as_i64(targets))?;
+        let tg = g.upload_owned(as_i64(targets))?;
         let mut row_loss = g.uninit::<T::Acc>(n)?;
         // A warp per row up to 1024 classes, else a block per row.
         let (f, c_fg) = if c <= 1024 {
@@ -140,7 +140,7 @@ pub(crate) fn cross_entropy_grad<T: Element>(
     let total = n * c;
     let mut dx = g.uninit::<T>(total)?;
     if total > 0 {
-        let tg = g.upload(&as_i64(targets))?;
+        let tg = g.upload_owned(as_i64(targets))?;
         launch!(g, "cross_entropy backward", g.function::<T>("loss", "ce_bwd")?,
             cfg(grid(total.div_ceil(BLOCK as usize)), BLOCK, 0);
             &gr.data, &x.data, &tg, &st.max, &st.log_sum, &mut dx, &(n as i64), &(c as i64))?;

@@ -21,7 +21,7 @@ pub(crate) fn select<T: Element>(
         let mut s = strides("masked_fill", shape, mask_shape, &[])?;
         s.b = [0; 8];
         let bytes: Vec<u8> = mask.iter().map(|&b| b as u8).collect();
-        let m = g.upload(&bytes)?;
+        let m = g.upload_owned(bytes)?;
         launch!(g, "masked_fill", g.function::<T>("masked_fill", "masked_fill")?,
             cfg(blocks_for(n, 256), 256, 0);
             &x.data, &m, &mut y, &(n as i64), &s, &fill.to_f64())?;

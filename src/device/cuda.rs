@@ -1,11 +1,14 @@
 //! The CUDA device: one context and stream per GPU, made on first use; the
-//! kernel modules compiled for it (by NVRTC, per family, cached); cuBLAS;
-//! copies between host and device; and a launch helper. It knows no ops.
+//! kernel modules and function handles for it (each family compiled by
+//! NVRTC or read from the kernel cache once, each entry point looked up
+//! once); cuBLAS; allocation; copies between host and device; and a launch
+//! helper. It knows no ops.
 //!
 //! cudarc panics when a CUDA library is missing, so every entry point
 //! checks for the library first and runs driver set-up under
 //! `catch_unwind`: no panic crosses the public API.
 
+use super::kernel_cache::{self, Origin};
 use super::nvrtc;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -30,8 +33,59 @@ pub(crate) struct Gpu {
     pub(crate) stream: Arc<CudaStream>,
     /// `sm_XY` as XY.
     pub(crate) arch: u32,
+    /// The device's name, as the driver gives it.
+    pub(crate) device_name: String,
+    /// How device memory is allocated.
+    pub(crate) alloc: Alloc,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Entry points by name (names are unique across families).
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Host buffers whose upload may still be in flight, with their bytes:
+    /// kept until the stream is next synchronized.
+    staged: Mutex<(Vec<Box<dyn std::any::Any + Send>>, usize)>,
     blas: OnceLock<std::result::Result<Arc<Mutex<CudaBlas>>, String>>,
+}
+
+/// How a GPU's memory is allocated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Alloc {
+    /// Stream-ordered pools (`cuMemAllocAsync`/`cuMemFreeAsync`).
+    Pools,
+    /// `cuMemAlloc`: the device has no memory pools.
+    Plain,
+    /// `cuMemAlloc`: the device claims pools, but a pool allocation failed
+    /// with this error.
+    PoolsFailed(String),
+}
+
+impl std::fmt::Display for Alloc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Alloc::Pools => write!(f, "stream-ordered pools (cuMemAllocAsync)"),
+            Alloc::Plain => write!(f, "cuMemAlloc (the device has no memory pools)"),
+            Alloc::PoolsFailed(e) => write!(f, "cuMemAlloc (memory pools failed: {e})"),
+        }
+    }
+}
+
+/// Staged upload bytes past which the stream is synchronized and the
+/// host buffers released, so staging stays bounded between downloads.
+const STAGED_LIMIT: usize = 256 << 20;
+
+/// Tries one pool allocation on `stream` (whose context claims pools).
+fn probe_pools(stream: &Arc<CudaStream>) -> Alloc {
+    // SAFETY: the buffer is never read; it is freed at once.
+    match guarded("cuMemAllocAsync", || unsafe { stream.alloc::<u8>(256) }) {
+        Ok(Ok(b)) => {
+            drop(b);
+            match stream.synchronize() {
+                Ok(()) => Alloc::Pools,
+                Err(e) => Alloc::PoolsFailed(format!("cuMemFreeAsync: {e}")),
+            }
+        }
+        Ok(Err(e)) => Alloc::PoolsFailed(e.to_string()),
+        Err(e) => Alloc::PoolsFailed(e.to_string()),
+    }
 }
 
 fn unavailable(reason: String) -> Error {
@@ -84,11 +138,21 @@ fn make(ordinal: usize) -> Result<Gpu> {
     // per-buffer events cudarc would record on each launch are not needed.
     // SAFETY: no other stream of this context touches our buffers.
     unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.default_stream();
+    let alloc = if ctx.has_async_alloc() {
+        probe_pools(&stream)
+    } else {
+        Alloc::Plain
+    };
     Ok(Gpu {
         ordinal,
-        stream: ctx.default_stream(),
+        device_name: ctx.name().unwrap_or_else(|e| format!("(unnamed: {e})")),
+        stream,
         arch: (major * 10 + minor) as u32,
+        alloc,
         modules: Mutex::new(HashMap::new()),
+        functions: Mutex::new(HashMap::new()),
+        staged: Mutex::new((Vec::new(), 0)),
         blas: OnceLock::new(),
     })
 }
@@ -132,61 +196,144 @@ impl Gpu {
         self.function_named(family, &format!("{name}_{}", T::NAME))
     }
 
-    /// Kernel `entry` of `family` (an exact entry-point name).
+    /// Kernel `entry` of `family` (an exact entry-point name), looked up
+    /// once per device.
     pub(crate) fn function_named(&self, family: &'static str, entry: &str) -> Result<CudaFunction> {
-        let module = {
-            let mut m = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            match m.get(family) {
-                Some(md) => md.clone(),
-                None => {
-                    let src = nvrtc::FAMILIES
-                        .iter()
-                        .find(|(n, _)| *n == family)
-                        .map(|(_, s)| *s)
-                        .ok_or_else(|| self.err("kernel lookup", format!("no family {family}")))?;
-                    let c = nvrtc::compile(family, src, self.arch)?;
-                    let md = self
-                        .stream
-                        .context()
-                        .load_module(Ptx::from_binary(c.cubin))
-                        .map_err(|e| self.err("cuModuleLoadData", e))?;
-                    m.insert(family, md.clone());
-                    md
-                }
-            }
-        };
-        module
+        let lock = || self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = lock().get(entry) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module(family)?
             .load_function(entry)
-            .map_err(|e| self.err("cuModuleGetFunction", format!("{entry}: {e}")))
+            .map_err(|e| self.err("cuModuleGetFunction", format!("{entry}: {e}")))?;
+        lock().insert(entry.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Family `family`'s module, loaded once per device: from the kernel
+    /// cache, or compiled (again, when the driver rejects a cached image).
+    fn module(&self, family: &'static str) -> Result<Arc<CudaModule>> {
+        let mut m = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(md) = m.get(family) {
+            return Ok(md.clone());
+        }
+        let src = nvrtc::FAMILIES
+            .iter()
+            .find(|(n, _)| *n == family)
+            .map(|(_, s)| *s)
+            .ok_or_else(|| self.err("kernel lookup", format!("no family {family}")))?;
+        let load = |cubin: Vec<u8>| {
+            self.stream
+                .context()
+                .load_module(Ptx::from_binary(cubin))
+                .map_err(|e| self.err("cuModuleLoadData", format!("{family}: {e}")))
+        };
+        let (c, origin) = kernel_cache::family_code(family, src, self.arch, None, false)?;
+        let md = match load(c.cubin) {
+            Err(_) if origin == Origin::Cache => {
+                let (c, _) = kernel_cache::family_code(family, src, self.arch, None, true)?;
+                load(c.cubin)?
+            }
+            r => r?,
+        };
+        m.insert(family, md.clone());
+        Ok(md)
+    }
+
+    /// A buffer of `n` elements, from the allocator in use (see [`Alloc`]).
+    ///
+    /// # Safety
+    /// Its contents are undefined until written.
+    unsafe fn alloc_raw<T: GpuElement>(&self, n: usize) -> Result<CudaSlice<T>> {
+        let n = n.max(1);
+        let err = |e: cudarc::driver::DriverError| {
+            self.err("cuMemAlloc", format!("{n} elements ({}): {e}", self.alloc))
+        };
+        match self.alloc {
+            // cudarc asks the driver whether pools exist and uses them if so.
+            Alloc::Pools | Alloc::Plain => self.stream.alloc::<T>(n).map_err(err),
+            Alloc::PoolsFailed(_) => {
+                let bytes = n * std::mem::size_of::<T>();
+                let p = cudarc::driver::result::malloc_sync(bytes).map_err(err)?;
+                // cudarc frees it with cuMemFreeAsync, which also takes
+                // cuMemAlloc memory (freed once the stream reaches it).
+                Ok(self.stream.upgrade_device_ptr(p, n))
+            }
+        }
     }
 
     /// A zeroed buffer of `n` elements.
     pub(crate) fn zeros<T: GpuElement>(&self, n: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: every byte is zeroed before the buffer is returned.
+        let mut b = unsafe { self.alloc_raw::<T>(n) }?;
         self.stream
-            .alloc_zeros::<T>(n.max(1))
-            .map_err(|e| self.err("cuMemAlloc", format!("{n} elements: {e}")))
+            .memset_zeros(&mut b)
+            .map_err(|e| self.err("cuMemsetD8", format!("{n} elements: {e}")))?;
+        Ok(b)
     }
 
     /// An uninitialised buffer of `n` elements: every element must be
     /// written by the kernel that fills it before anything reads it.
     pub(crate) fn uninit<T: GpuElement>(&self, n: usize) -> Result<CudaSlice<T>> {
         // SAFETY: callers write every element before reading (see above).
-        unsafe { self.stream.alloc::<T>(n.max(1)) }
-            .map_err(|e| self.err("cuMemAlloc", format!("{n} elements: {e}")))
+        unsafe { self.alloc_raw::<T>(n) }
     }
 
-    /// A copy of host data on this GPU.
+    /// A copy of host data on this GPU; returns once the copy is complete,
+    /// so `src` may be dropped or changed at once.
     pub(crate) fn upload<T: GpuElement>(&self, src: &[T]) -> Result<CudaSlice<T>> {
-        if src.is_empty() {
-            return self.zeros(0);
-        }
-        self.stream
-            .clone_htod(src)
-            .map_err(|e| self.err("cuMemcpyHtoD", e))
+        let d = self.upload_queued(src)?;
+        self.synchronize()?;
+        Ok(d)
     }
 
-    /// The first `n` elements of `src` copied to the host (waits for the
-    /// stream).
+    /// A copy of `src` on this GPU, queued on the stream: `src` is kept
+    /// alive until the stream is next synchronized, so the copy never
+    /// reads a freed buffer and the caller never waits.
+    pub(crate) fn upload_owned<T: GpuElement + Send + 'static>(
+        &self,
+        src: Vec<T>,
+    ) -> Result<CudaSlice<T>> {
+        let d = self.upload_queued(&src)?;
+        let bytes = std::mem::size_of_val(src.as_slice());
+        let over = {
+            let mut st = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+            st.0.push(Box::new(src));
+            st.1 += bytes;
+            st.1 > STAGED_LIMIT
+        };
+        if over {
+            self.synchronize()?;
+        }
+        Ok(d)
+    }
+
+    fn upload_queued<T: GpuElement>(&self, src: &[T]) -> Result<CudaSlice<T>> {
+        // SAFETY: the copy below writes every element.
+        let mut d = unsafe { self.alloc_raw::<T>(src.len()) }?;
+        if !src.is_empty() {
+            self.stream
+                .memcpy_htod(src, &mut d)
+                .map_err(|e| self.err("cuMemcpyHtoD", e))?;
+        }
+        Ok(d)
+    }
+
+    /// Waits for everything queued on the stream, then releases the host
+    /// buffers whose uploads it held.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("cuStreamSynchronize", e))?;
+        let mut st = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+        st.0.clear();
+        st.1 = 0;
+        Ok(())
+    }
+
+    /// The first `n` elements of `src` copied to the host; the stream is
+    /// synchronized before the host reads them.
     pub(crate) fn download<T: GpuElement>(&self, src: &CudaSlice<T>, n: usize) -> Result<Vec<T>> {
         if n == 0 {
             return Ok(Vec::new());
@@ -195,6 +342,7 @@ impl Gpu {
             .stream
             .clone_dtoh(src)
             .map_err(|e| self.err("cuMemcpyDtoH", e))?;
+        self.synchronize()?;
         v.truncate(n);
         Ok(v)
     }

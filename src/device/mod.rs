@@ -5,11 +5,15 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
+pub(crate) mod kernel_cache;
+#[cfg(feature = "cuda")]
 pub(crate) mod nvrtc;
 pub(crate) mod pool;
 
 #[cfg(feature = "cuda")]
-pub use nvrtc::{kernel_table, KernelInfo, CHECKED_ARCHS};
+pub use kernel_cache::{kernel_stats, KernelStats};
+#[cfg(feature = "cuda")]
+pub use nvrtc::{kernel_table, nvrtc_info, KernelInfo, NvrtcInfo, CHECKED_ARCHS};
 
 /// What an element type needs to live on every device this build has.
 #[cfg(feature = "cuda")]
@@ -67,7 +71,15 @@ impl Device {
         #[cfg(feature = "cuda")]
         {
             let g = cuda::gpu(0).map_err(|e| e.to_string())?;
-            Ok(format!("cuda:0, sm_{}", g.arch))
+            let nvrtc = nvrtc::nvrtc_info().map_err(|e| e.to_string())?;
+            let cache = match kernel_cache::kernel_stats().dir {
+                Some(d) => d.display().to_string(),
+                None => "off".into(),
+            };
+            Ok(format!(
+                "cuda:0, {}, sm_{}; memory: {}; {nvrtc}; kernel cache: {cache}",
+                g.device_name, g.arch, g.alloc
+            ))
         }
         #[cfg(not(feature = "cuda"))]
         Err("built without the `cuda` feature".into())

@@ -1,16 +1,18 @@
 //! Run-time kernel compilation: finding NVRTC, compiling a kernel family
 //! to a CUBIN for one architecture, and reading ptxas's resource report.
 //!
-//! NVRTC is looked up the way cudarc loads it (by library name through the
-//! loader), after first loading `libnvrtc.so.12` by absolute path from
-//! `$FUSEGRAD_NVRTC` or `target/cuda-tools/` (where
-//! `scripts/install-cuda-tools.sh` puts the pip wheel): the loader then
-//! answers the bare name with the library already loaded.
+//! NVRTC is found as a user's machine has it: from `$FUSEGRAD_NVRTC` (the
+//! library file or the folder holding it), else by name through the loader
+//! (`libnvrtc.so`, `.so.13`, `.so.12`: cudarc's list), else from
+//! `target/cuda-tools*/` where `scripts/install-cuda-tools.sh` puts the pip
+//! wheel. A library loaded from a folder has that folder's
+//! `libnvrtc-builtins` loaded first by path, because NVRTC opens it by bare
+//! name and the loader then finds the one already loaded.
 
 use crate::error::{Error, Result};
 use cudarc::nvrtc::sys;
 use std::ffi::{c_char, CStr, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// Every kernel family: its name and CUDA C source (the two fused norms
@@ -48,50 +50,154 @@ pub(crate) const COMMON: &str = include_str!("../../kernels/common.cuh");
 /// The architectures CI compiles every kernel for.
 pub const CHECKED_ARCHS: [u32; 2] = [80, 90];
 
-/// Where NVRTC was looked for, when it was not found.
-fn searched() -> Vec<PathBuf> {
-    let rel = "target/cuda-tools/nvidia/cuda_nvrtc/lib/libnvrtc.so.12";
-    let mut v = Vec::new();
-    if let Some(p) = std::env::var_os("FUSEGRAD_NVRTC") {
-        v.push(PathBuf::from(p));
+/// The options every family is compiled with (after `-arch=sm_XY`).
+pub(crate) const OPTIONS: [&str; 3] = ["--std=c++17", "--ptxas-options=-v", "-default-device"];
+
+/// The NVRTC this process uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvrtcInfo {
+    /// `(major, minor)` as `nvrtcVersion` reports it.
+    pub version: (i32, i32),
+    /// The library file the process has mapped, where it can be read.
+    pub path: Option<PathBuf>,
+}
+
+impl std::fmt::Display for NvrtcInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NVRTC {}.{}", self.version.0, self.version.1)?;
+        match &self.path {
+            Some(p) => write!(f, " ({})", p.display()),
+            None => Ok(()),
+        }
     }
-    v.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel));
-    if let Ok(d) = std::env::current_dir() {
-        v.push(d.join(rel));
+}
+
+/// NVRTC library names in the order they are preferred in a folder.
+const NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
+
+/// The library in `folder`, if it holds one of [`NAMES`].
+fn in_folder(folder: &Path) -> Option<PathBuf> {
+    NAMES.iter().map(|n| folder.join(n)).find(|p| p.is_file())
+}
+
+/// Folders where the pip wheels are installed for development.
+fn dev_folders() -> Vec<PathBuf> {
+    let mut roots = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR"))];
+    roots.extend(std::env::current_dir().ok());
+    let mut v = Vec::new();
+    for r in roots {
+        for tools in ["target/cuda-tools", "target/cuda-tools-13"] {
+            v.push(r.join(tools).join("nvidia/cuda_nvrtc/lib"));
+            v.push(r.join(tools).join("nvidia/cu13/lib"));
+        }
     }
     v
 }
 
-/// Loads NVRTC once; `Err` says where it was looked for.
-pub(crate) fn available() -> Result<()> {
-    static FOUND: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    FOUND
-        .get_or_init(|| {
-            for p in searched() {
-                if p.exists() {
-                    // SAFETY: loading NVRTC runs only its initialisers; the
-                    // handle is leaked so the library stays for the process.
-                    if let Ok(lib) = unsafe { libloading::Library::new(&p) } {
-                        std::mem::forget(lib);
-                        break;
-                    }
-                }
+/// Loads `lib` by absolute path (after its folder's builtins) and keeps it
+/// for the process.
+fn load_file(lib: &Path) -> std::result::Result<(), String> {
+    if let Some(dir) = lib.parent() {
+        let mut builtins: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        builtins.retain(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so"))
+        });
+        for b in builtins {
+            // SAFETY: NVRTC's own helper library; only its initialisers run.
+            if let Ok(l) = unsafe { libloading::Library::new(&b) } {
+                std::mem::forget(l);
             }
-            // SAFETY: only tries to load the library by name.
-            if unsafe { sys::is_culib_present() } {
-                Ok(())
-            } else {
-                let list: Vec<String> =
-                    searched().iter().map(|p| p.display().to_string()).collect();
-                Err(format!(
-                    "NVRTC (libnvrtc.so.13 or .so.12) not found on the loader path \
-                     (LD_LIBRARY_PATH) nor at {}; run scripts/install-cuda-tools.sh",
-                    list.join(", ")
-                ))
-            }
+        }
+    }
+    // SAFETY: loading NVRTC runs only its initialisers; the handle is
+    // leaked so the library stays for the process.
+    let l =
+        unsafe { libloading::Library::new(lib) }.map_err(|e| format!("{}: {e}", lib.display()))?;
+    std::mem::forget(l);
+    Ok(())
+}
+
+/// The mapped file whose name starts with `libnvrtc.so`, from the
+/// process's memory map (Linux).
+fn mapped_path() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            Path::new(p)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc.so"))
         })
+        .map(PathBuf::from)
+}
+
+fn find_and_load() -> std::result::Result<NvrtcInfo, String> {
+    if let Some(v) = std::env::var_os("FUSEGRAD_NVRTC") {
+        let p = PathBuf::from(&v);
+        let lib = if p.is_dir() {
+            in_folder(&p)
+        } else {
+            Some(p.clone())
+        };
+        let lib = lib.ok_or_else(|| {
+            format!(
+                "FUSEGRAD_NVRTC={} holds none of {}",
+                p.display(),
+                NAMES.join(", ")
+            )
+        })?;
+        load_file(&lib).map_err(|e| format!("FUSEGRAD_NVRTC: cannot load {e}"))?;
+    } else {
+        // SAFETY: only tries to load the library by name.
+        if !unsafe { sys::is_culib_present() } {
+            if let Some(lib) = dev_folders().iter().find_map(|f| in_folder(f)) {
+                load_file(&lib)?;
+            }
+        }
+    }
+    // SAFETY: only tries to load the library by name; a library loaded by
+    // path above answers its own soname.
+    if !unsafe { sys::is_culib_present() } {
+        let dev: Vec<String> = dev_folders()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        return Err(format!(
+            "NVRTC (libnvrtc.so.13 or .so.12) is not on the loader path \
+             (LD_LIBRARY_PATH), FUSEGRAD_NVRTC is unset, and none is in {}; \
+             run scripts/install-cuda-tools.sh or set FUSEGRAD_NVRTC to its folder",
+            dev.join(", ")
+        ));
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-parameters; the library is loaded (checked above).
+    let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(format!("nvrtcVersion failed: {r:?}"));
+    }
+    Ok(NvrtcInfo {
+        version: (major, minor),
+        path: mapped_path(),
+    })
+}
+
+/// Finds and loads NVRTC once; `Err` says where it was looked for.
+pub fn nvrtc_info() -> Result<NvrtcInfo> {
+    static FOUND: OnceLock<std::result::Result<NvrtcInfo, String>> = OnceLock::new();
+    FOUND
+        .get_or_init(find_and_load)
         .clone()
         .map_err(|reason| Error::CudaUnavailable { reason })
+}
+
+/// Loads NVRTC once; `Err` says where it was looked for.
+pub(crate) fn available() -> Result<()> {
+    nvrtc_info().map(|_| ())
 }
 
 /// A compiled family: the CUBIN and ptxas's log.
@@ -122,15 +228,10 @@ pub(crate) fn compile(name: &str, src: &str, arch: u32) -> Result<Compiled> {
         msg: format!("kernel file {name} holds a NUL byte"),
     })?;
     let cname = CString::new(format!("{name}.cu")).unwrap_or_default();
-    let opts: Vec<CString> = [
-        format!("-arch=sm_{arch}"),
-        "--std=c++17".into(),
-        "--ptxas-options=-v".into(),
-        "-default-device".into(),
-    ]
-    .into_iter()
-    .filter_map(|o| CString::new(o).ok())
-    .collect();
+    let opts: Vec<CString> = std::iter::once(format!("-arch=sm_{arch}"))
+        .chain(OPTIONS.iter().map(|o| o.to_string()))
+        .filter_map(|o| CString::new(o).ok())
+        .collect();
     let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: every pointer is to a live NUL-terminated string; the program
@@ -219,16 +320,59 @@ fn parse_log(family: &str, arch: u32, log: &str) -> Vec<KernelInfo> {
     rows
 }
 
-/// Compiles every kernel family for each of `archs` and reports every
-/// entry point's registers, shared memory and spills. Any compile error
-/// is returned with its log.
-pub fn kernel_table(archs: &[u32]) -> Result<Vec<KernelInfo>> {
-    let mut rows = Vec::new();
-    for &(name, src) in FAMILIES {
-        for &arch in archs {
-            let c = compile(name, src, arch)?;
-            rows.extend(parse_log(name, arch, &c.log));
+/// Compiles every kernel family for each of `archs` (or reads it from the
+/// kernel cache: `cache`, else the process's) and reports every entry
+/// point's registers, shared memory and spills. Families compile on as
+/// many threads as the machine has cores (NVRTC is single-threaded). Any
+/// compile error is returned with its log.
+pub fn kernel_table(archs: &[u32], cache: Option<&Path>) -> Result<Vec<KernelInfo>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    available()?;
+    let jobs: Vec<(&str, &str, u32)> = FAMILIES
+        .iter()
+        .flat_map(|&(n, s)| archs.iter().map(move |&a| (n, s, a)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len().max(1));
+    let mut done: Vec<(usize, Result<Vec<KernelInfo>>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(name, src, arch)) = jobs.get(i) else {
+                            return out;
+                        };
+                        let r = super::kernel_cache::family_code(name, src, arch, cache, false)
+                            .map(|(c, _)| parse_log(name, arch, &c.log));
+                        out.push((i, r));
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for w in workers {
+            match w.join() {
+                Ok(v) => all.extend(v),
+                Err(_) => all.push((
+                    usize::MAX,
+                    Err(Error::Cuda {
+                        op: "nvrtc",
+                        device: "nvrtc".into(),
+                        msg: "a compile thread panicked".into(),
+                    }),
+                )),
+            }
         }
+        all
+    });
+    done.sort_by_key(|(i, _)| *i);
+    let mut rows = Vec::new();
+    for (_, r) in done {
+        rows.extend(r?);
     }
     Ok(rows)
 }
