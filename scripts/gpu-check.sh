@@ -38,9 +38,9 @@ timeout 100 ./test-cuda --test-threads=1 --nocapture > "$out/test-cuda.txt" 2>&1
 echo "test-cuda rc=$?" >> "$out/summary.txt"
 timeout 80 ./test-cuda_norms --test-threads=1 --nocapture > "$out/test-cuda_norms.txt" 2>&1
 echo "test-cuda_norms rc=$?" >> "$out/summary.txt"
-timeout 90 ./fusegrad bench --device cuda --json > "$out/bench-cuda.json" 2> "$out/bench-cuda.err"
+timeout 90 ./fusegrad bench --device cuda --json > "$out/bench-cuda.jsonl" 2> "$out/bench-cuda.err"
 echo "bench rc=$?" >> "$out/summary.txt"
-timeout 70 python3 bench_torch_cuda.py --fusegrad "$out/bench-cuda.json" > "$out/bench-torch.txt" 2>&1
+timeout 70 python3 bench_torch_cuda.py --fusegrad "$out/bench-cuda.jsonl" --table "$out/bench-table.md" > "$out/bench-torch.jsonl" 2> "$out/bench-torch.err"
 echo "torch rc=$?" >> "$out/summary.txt"
 # Memory errors and shared-memory races, where the host has the sanitizer.
 if command -v compute-sanitizer > /dev/null; then
