@@ -21,7 +21,10 @@
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
-pub use cuda::{measure_cuda, run_cuda, CudaRow, CUDA_HEADER, CUDA_SHAPES};
+pub use cuda::{
+    cuda_device_name, cuda_json_header, cuda_normal, measure_cuda, run_cuda, CudaInputs, CudaRow,
+    CUDA_HEADER, CUDA_REPS, CUDA_SHAPES, CUDA_WINDOW,
+};
 mod prims;
 pub use prims::{measure_prims, run_prims, PrimRow, PRIM_HEADER, PRIM_SHAPES};
 

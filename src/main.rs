@@ -1,8 +1,8 @@
 //! The `fusegrad` command: checks, demonstrates and benchmarks.
 //!
 //! `fusegrad` runs the whole report; `fusegrad check`, `fusegrad stability
-//! [--plot FILE]` and `fusegrad bench [--json] [--prims] [--device cpu|cuda]`
-//! run one part; `fusegrad train spirals|transformer [OPTIONS]` trains with
+//! [--plot FILE]` and `fusegrad bench [--json] [--prims] [--device cpu|cuda]
+//! [--shapes NxD,...] [--reps N]` run one part; `fusegrad train spirals|transformer [OPTIONS]` trains with
 //! a progress bar and writes loss plots. `fusegrad --help` says the same.
 //! Exit status: 0 done, 1 a failed check or an error, 2 a usage error.
 
@@ -149,26 +149,70 @@ fn kernels(archs: &[u32], cache: Option<&std::path::Path>) -> Result<bool> {
 }
 
 /// The fused norms on the GPU against a same-run copy and the composed
-/// twin (CUDA events, median of 20 reps).
+/// twin (CUDA events, median of `reps`), one line per row as soon as it is
+/// measured: a table line, or with `json` one JSON object per line after a
+/// header object.
 #[cfg(feature = "cuda")]
-fn bench_cuda(json: bool) -> Result<bool> {
-    let rows = bench::run_cuda(20)?;
+fn bench_cuda(json: bool, shapes: Option<&[(usize, usize)]>, reps: Option<usize>) -> Result<bool> {
+    use std::io::Write;
+    let shapes = shapes.unwrap_or(&bench::CUDA_SHAPES);
+    let reps = reps.unwrap_or(bench::CUDA_REPS);
+    let mut out = std::io::stdout();
+    // Each line is flushed before the next row is measured, so a run cut
+    // short leaves every finished row in the file.
+    let mut line = |s: &str| -> Result<()> {
+        writeln!(out, "{s}")
+            .and_then(|()| out.flush())
+            .map_err(|e| fusegrad::Error::InvalidArgument {
+                op: "bench: writing stdout",
+                msg: e.to_string(),
+            })
+    };
     if json {
-        let r: Vec<String> = rows.iter().map(|r| r.json()).collect();
-        println!("{{\"device\":\"cuda:0\",\"rows\":[{}]}}", r.join(","));
+        line(&bench::cuda_json_header(reps)?)?;
+        bench::run_cuda(shapes, reps, |r| line(&r.json()))?;
     } else {
-        section("Benchmark on cuda:0: fused norms vs same-run device copy and composed twin");
-        println!("{}", bench::CUDA_HEADER);
-        for r in &rows {
-            println!("{r}");
-        }
+        section(&format!(
+            "Benchmark on cuda:0 ({}): fused norms vs same-run device copy and composed twin",
+            bench::cuda_device_name()?
+        ));
+        line(&format!(
+            "median of {reps} reps timed with CUDA events; a window holds {}",
+            bench::CUDA_WINDOW
+        ))?;
+        line(bench::CUDA_HEADER)?;
+        bench::run_cuda(shapes, reps, |r| line(&r.to_string()))?;
     }
     Ok(true)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn bench_cuda(_json: bool) -> Result<bool> {
+fn bench_cuda(
+    _json: bool,
+    _shapes: Option<&[(usize, usize)]>,
+    _reps: Option<usize>,
+) -> Result<bool> {
     Device::Cuda(0).ensure_available().map(|_| false)
+}
+
+/// `--shapes NxD,NxD,...`: at least one shape, every N and D at least 1.
+fn parse_shapes(s: &str) -> std::result::Result<Vec<(usize, usize)>, String> {
+    s.split(',')
+        .map(|t| {
+            let (n, d) = t
+                .trim()
+                .split_once(['x', 'X'])
+                .ok_or_else(|| format!("{t:?} is not NxD"))?;
+            let dim = |v: &str| match v.trim().parse::<usize>() {
+                Ok(k) if k > 0 => Ok(k),
+                _ => Err(format!("{t:?}: {v:?} is not a positive integer")),
+            };
+            let (n, d) = (dim(n)?, dim(d)?);
+            n.checked_mul(d)
+                .ok_or_else(|| format!("{t:?} has too many elements"))?;
+            Ok((n, d))
+        })
+        .collect()
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -226,7 +270,7 @@ fn cli() -> Command {
         .subcommand(
             Command::new("bench")
                 .about("Fused LayerNorm fwd+bwd against a same-run copy and the composed twin, all eight shapes; then the primitive ops")
-                .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("One JSON object instead of tables"))
+                .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("JSON instead of tables; with --device cuda, JSON Lines: a header object, then one object per row as it is measured"))
                 .arg(Arg::new("prims").long("prims").action(ArgAction::SetTrue).help("Only the primitive ops"))
                 .arg(
                     Arg::new("device")
@@ -234,6 +278,20 @@ fn cli() -> Command {
                         .value_parser(["cpu", "cuda"])
                         .default_value("cpu")
                         .help("Where to run"),
+                )
+                .arg(
+                    Arg::new("shapes")
+                        .long("shapes")
+                        .value_name("NxD,...")
+                        .value_parser(parse_shapes)
+                        .help("With --device cuda: the shapes to time (default: the five GPU targets)"),
+                )
+                .arg(
+                    Arg::new("reps")
+                        .long("reps")
+                        .value_name("N")
+                        .value_parser(value_parser!(u32).range(1..=100_000))
+                        .help("With --device cuda: timed reps per figure, median reported (default 20)"),
                 ),
         )
         .subcommand(
@@ -290,9 +348,19 @@ fn run() -> Result<bool> {
             kernels(&archs, a.get_one::<PathBuf>("cache").map(PathBuf::as_path))
         }
         Some(("bench", a)) => {
+            let shapes = a.get_one::<Vec<(usize, usize)>>("shapes");
+            let reps = a.get_one::<u32>("reps").map(|&r| r as usize);
             if a.get_one::<String>("device").map(String::as_str) == Some("cuda") {
                 Device::Cuda(0).ensure_available()?;
-                return bench_cuda(a.get_flag("json"));
+                return bench_cuda(a.get_flag("json"), shapes.map(Vec::as_slice), reps);
+            }
+            if shapes.is_some() || reps.is_some() {
+                cli()
+                    .error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        "--shapes and --reps apply to `bench --device cuda` only",
+                    )
+                    .exit();
             }
             if a.get_flag("prims") {
                 prims_only().map(|_| true)

@@ -42,6 +42,7 @@ pub(crate) const FAMILIES: &[(&str, &str)] = &[
     ("masked_fill", include_str!("../../kernels/masked_fill.cu")),
     ("dropout", include_str!("../../kernels/dropout.cu")),
     ("optim", include_str!("../../kernels/optim.cu")),
+    ("bench", include_str!("../../kernels/bench.cu")),
 ];
 
 /// Types and helpers every kernel file uses.

@@ -40,6 +40,14 @@ inline unsigned long long fg_emu_slot[1024];
 
 inline void __syncthreads() { fg_emu_bar(0, 0); }
 
+// The cycle counter: each read moves it 2^32 cycles on, so a kernel that
+// waits for a count of cycles (bench_spin) ends at once on the CPU; the
+// step keeps it from wrapping within any run (launches run one at a time).
+inline long long clock64() {
+    static long long now = 0;
+    return now += 1ll << 32;
+}
+
 template <class V> inline V __shfl_xor_sync(unsigned mask, V v, int o, int width = 32) {
     static_assert(sizeof(V) <= 8, "shuffle of more than 8 bytes");
     if (mask != 0xffffffffu) fg_emu_fail("__shfl_xor_sync with a partial mask");
@@ -126,6 +134,7 @@ inline float fmaxf(float a, float b) { return std::fmax(a, b); }
 inline float expf(float a) { return std::exp(a); }
 inline float logf(float a) { return std::log(a); }
 inline float tanhf(float a) { return std::tanh(a); }
+inline float cosf(float a) { return std::cos(a); }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long long max(long long a, long long b) { return a > b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
