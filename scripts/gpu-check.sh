@@ -90,6 +90,7 @@ write_summary() {
         echo "- device: $where"
         echo "- NVRTC: $(grep -m1 '^NVRTC' "$out/kernels.txt" 2> /dev/null || echo 'not yet known')"
         echo "- kernel cache: $FUSEGRAD_CACHE_DIR"
+        echo "- first launch: $(grep -m1 -o '"first_result_ms".*' "$out/bench.jsonl" 2> /dev/null || echo 'not measured yet')"
         echo "- step limits: $total_limit s in all"
         echo
         echo "| step | limit s | took s | result |"

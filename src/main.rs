@@ -153,7 +153,12 @@ fn kernels(archs: &[u32], cache: Option<&std::path::Path>) -> Result<bool> {
 /// measured: a table line, or with `json` one JSON object per line after a
 /// header object.
 #[cfg(feature = "cuda")]
-fn bench_cuda(json: bool, shapes: Option<&[(usize, usize)]>, reps: Option<usize>) -> Result<bool> {
+fn bench_cuda(
+    json: bool,
+    first: &FirstResult,
+    shapes: Option<&[(usize, usize)]>,
+    reps: Option<usize>,
+) -> Result<bool> {
     use std::io::Write;
     let shapes = shapes.unwrap_or(&bench::CUDA_SHAPES);
     let reps = reps.unwrap_or(bench::CUDA_REPS);
@@ -170,6 +175,7 @@ fn bench_cuda(json: bool, shapes: Option<&[(usize, usize)]>, reps: Option<usize>
     };
     if json {
         line(&bench::cuda_json_header(reps)?)?;
+        line(&first.json())?;
         bench::run_cuda(shapes, reps, |r| line(&r.json()))?;
     } else {
         section(&format!(
@@ -180,15 +186,78 @@ fn bench_cuda(json: bool, shapes: Option<&[(usize, usize)]>, reps: Option<usize>
             "median of {reps} reps timed with CUDA events; a window holds {}",
             bench::CUDA_WINDOW
         ))?;
+        line(&first.to_string())?;
         line(bench::CUDA_HEADER)?;
         bench::run_cuda(shapes, reps, |r| line(&r.to_string()))?;
     }
     Ok(true)
 }
 
+/// A process's first use of the GPU: the time from asking for the
+/// device to a fused LayerNorm forward's values on the host, and what the
+/// kernel cache did meanwhile.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct FirstResult {
+    ms: f64,
+    #[cfg(feature = "cuda")]
+    stats: fusegrad::device::KernelStats,
+}
+
+#[cfg(feature = "cuda")]
+fn first_result() -> Result<FirstResult> {
+    use fusegrad::{ops, Tape, Tensor};
+    let t = std::time::Instant::now();
+    let dev = Device::Cuda(0);
+    dev.ensure_available()?;
+    let tape = Tape::<f32>::new();
+    let x = Tensor::from_vec(vec![8, 64], (0..512).map(|i| (i % 7) as f32).collect())?;
+    let y = ops::layer_norm(&tape.var_on(x, dev)?, None, None, 1e-5)?;
+    y.value().to_vec()?;
+    Ok(FirstResult {
+        ms: t.elapsed().as_secs_f64() * 1e3,
+        stats: fusegrad::device::kernel_stats(),
+    })
+}
+
+#[cfg(feature = "cuda")]
+impl FirstResult {
+    fn json(&self) -> String {
+        format!(
+            "{{\"first_result_ms\":{:.1},\"compiled\":{},\"compile_s\":{:.2},\"loaded\":{}}}",
+            self.ms, self.stats.compiled, self.stats.compile_seconds, self.stats.loaded
+        )
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl std::fmt::Display for FirstResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.stats;
+        write!(
+            f,
+            "first result: a LayerNorm forward's values on the host {:.0} ms after the device \
+             was first asked for; kernels: {} compiled ({:.1} s), {} read from the cache ({})",
+            self.ms,
+            s.compiled,
+            s.compile_seconds,
+            s.loaded,
+            s.dir
+                .as_ref()
+                .map_or("off".into(), |d| d.display().to_string())
+        )
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn first_result() -> Result<FirstResult> {
+    Device::Cuda(0).ensure_available()?;
+    Ok(FirstResult { ms: 0.0 })
+}
+
 #[cfg(not(feature = "cuda"))]
 fn bench_cuda(
     _json: bool,
+    _first: &FirstResult,
     _shapes: Option<&[(usize, usize)]>,
     _reps: Option<usize>,
 ) -> Result<bool> {
@@ -351,8 +420,8 @@ fn run() -> Result<bool> {
             let shapes = a.get_one::<Vec<(usize, usize)>>("shapes");
             let reps = a.get_one::<u32>("reps").map(|&r| r as usize);
             if a.get_one::<String>("device").map(String::as_str) == Some("cuda") {
-                Device::Cuda(0).ensure_available()?;
-                return bench_cuda(a.get_flag("json"), shapes.map(Vec::as_slice), reps);
+                let first = first_result()?;
+                return bench_cuda(a.get_flag("json"), &first, shapes.map(Vec::as_slice), reps);
             }
             if shapes.is_some() || reps.is_some() {
                 cli()
