@@ -2,8 +2,9 @@
 //!
 //! `fusegrad` runs the whole report; `fusegrad check`, `fusegrad stability
 //! [--plot FILE]` and `fusegrad bench [--json] [--prims] [--device cpu|cuda]
-//! [--shapes NxD,...] [--reps N]` run one part; `fusegrad train spirals|transformer [OPTIONS]` trains with
-//! a progress bar and writes loss plots. `fusegrad --help` says the same.
+//! [--shapes NxD,...] [--reps N]` run one part; `fusegrad train
+//! spirals|transformer [OPTIONS]` trains with a progress bar and writes loss
+//! plots. `fusegrad --help` says the same.
 //! Exit status: 0 done, 1 a failed check or an error, 2 a usage error.
 
 use clap::{value_parser, Arg, ArgAction, Command};
