@@ -179,6 +179,9 @@ fn copy_time<T: Element>(gpu: &Gpu, elems: usize, reps: usize) -> Result<f64> {
 pub fn measure_cuda<T: Element>(n: usize, d: usize, rms: bool, reps: usize) -> Result<CudaRow> {
     let dev = Device::Cuda(0);
     let gpu = cuda::gpu(0)?;
+    // Timing calls the event entry points, which `gpu` did not check.
+    crate::device::driver_lib::driver_events()
+        .map_err(|reason| crate::error::Error::CudaUnavailable { reason })?;
     let mut rng = Rng::new(7);
     let x = random::<T>(&mut rng, &[n, d], dev)?;
     let dy = random::<T>(&mut rng, &[n, d], dev)?;
