@@ -26,6 +26,8 @@ if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
     ./fusegrad kernels > "$out/kernels.txt" 2>&1 || true
     exit 0
 fi
+# A GPU is here: a CUDA test that cannot reach it fails instead of skipping.
+export FUSEGRAD_REQUIRE_GPU=1
 {
     echo "# GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
