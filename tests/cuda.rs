@@ -432,3 +432,69 @@ fn special_values_match_the_cpu() {
         }
     }
 }
+
+/// The emulation's allocation path in one child process per
+/// `FG_EMU_POOLS` mode (the emulated driver reads it once per process):
+/// pools reported (the default, as on an H200), pools absent, and pools
+/// reported but refused. Off the emulation there is nothing to switch.
+#[test]
+fn allocations_follow_the_memory_pool_attribute() {
+    let Some(_) = gpu() else { return };
+    if cuda_emu::emu_alloc_counts().is_none() {
+        eprintln!("skipped: a real driver decides its own allocation path");
+        return;
+    }
+    for mode in ["1", "0", "fail"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "pool_path_in_child", "--nocapture"])
+            .env("FG_EMU_POOLS", mode)
+            .env("FG_EMU_POOL_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "FG_EMU_POOLS={mode}:\n{text}");
+        assert!(
+            text.contains("test pool_path_in_child ... ok"),
+            "FG_EMU_POOLS={mode}: the child ran no test:\n{text}"
+        );
+        assert!(!text.contains("panicked"), "FG_EMU_POOLS={mode}:\n{text}");
+    }
+}
+
+/// The child of [`allocations_follow_the_memory_pool_attribute`]; does
+/// nothing when run on its own.
+#[test]
+fn pool_path_in_child() {
+    if std::env::var_os("FG_EMU_POOL_CHILD").is_none() {
+        return;
+    }
+    let dev = gpu().expect("the child runs only where the parent found the emulation");
+    let mode = std::env::var("FG_EMU_POOLS").unwrap();
+    let host = Tensor::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]).unwrap();
+    let moved = host.to_device(dev);
+    let (pooled, plain) = cuda_emu::emu_alloc_counts().unwrap();
+    match (mode.as_str(), moved) {
+        ("1", Ok(t)) => {
+            assert_eq!(t.to_vec().unwrap(), vec![1.0, 2.0, 3.0]);
+            assert!(pooled > 0 && plain == 0, "async {pooled}, plain {plain}");
+        }
+        ("0", Ok(t)) => {
+            assert_eq!(t.to_vec().unwrap(), vec![1.0, 2.0, 3.0]);
+            assert!(pooled == 0 && plain > 0, "async {pooled}, plain {plain}");
+        }
+        // A refused pool is a clean error, or a fall back to cuMemAlloc.
+        ("fail", Ok(t)) => {
+            assert_eq!(t.to_vec().unwrap(), vec![1.0, 2.0, 3.0]);
+            assert!(pooled == 0 && plain > 0, "async {pooled}, plain {plain}");
+        }
+        ("fail", Err(e)) => {
+            assert!(matches!(e, Error::Cuda { .. }), "{e}");
+            assert!(e.to_string().contains("NOT_SUPPORTED"), "{e}");
+        }
+        (m, r) => panic!("FG_EMU_POOLS={m}: {:?}", r.map(|t| t.shape().to_vec())),
+    }
+}

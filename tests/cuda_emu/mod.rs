@@ -103,3 +103,32 @@ fn load() -> Result<(), String> {
 fn load() -> Result<(), String> {
     Err("built without the `cuda` feature".into())
 }
+
+/// Allocations the emulated driver has made so far through
+/// `cuMemAllocAsync` and through `cuMemAlloc` (`fg_emu_stats` in
+/// driver.cpp), or `None` off the emulation.
+#[cfg(feature = "cuda")]
+#[allow(dead_code)] // not every test file that shares this module asks
+pub fn emu_alloc_counts() -> Option<(u64, u64)> {
+    if !matches!(use_emulation_if_no_driver(), Ok(true)) {
+        return None;
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cuda-emu/libcuda.so");
+    // SAFETY: the emulation loaded above (same path, so the same copy);
+    // fg_emu_stats writes two counters through the pointers it is given.
+    unsafe {
+        let lib = libloading::Library::new(&path).ok()?;
+        let f = lib
+            .get::<unsafe extern "C" fn(*mut u64, *mut u64)>("fg_emu_stats")
+            .ok()?;
+        let (mut a, mut s) = (0u64, 0u64);
+        f(&mut a, &mut s);
+        Some((a, s))
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[allow(dead_code)] // not every test file that shares this module asks
+pub fn emu_alloc_counts() -> Option<(u64, u64)> {
+    None
+}
