@@ -454,8 +454,9 @@ fn child_embedding_lookup() {
         .collect();
     assert_eq!(got, want);
     let st = fusegrad::device::kernel_stats();
+    let (pooled, plain) = cuda_emu::emu_alloc_counts().unwrap_or((0, 0));
     println!(
-        "CHILD compiled={} loaded={} device={}",
+        "CHILD compiled={} loaded={} pooled={pooled} plain={plain} device={}",
         st.compiled,
         st.loaded,
         Device::cuda_status().unwrap()
@@ -565,19 +566,24 @@ fn a_second_process_compiles_nothing_and_damaged_entries_are_recompiled() {
 
 #[test]
 fn allocation_falls_back_to_cu_mem_alloc_when_pools_are_missing_or_fail() {
-    if gpu().is_none() || !cuda_emu::emulated() {
+    if gpu().is_none() || cuda_emu::emu_alloc_counts().is_none() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("fg-pools-{}", std::process::id()));
-    let cache = [("FUSEGRAD_CACHE_DIR", dir.as_path())];
-    for (mode, says) in [
-        ("1", "stream-ordered pools"),
-        ("0", "the device has no memory pools"),
-        ("fail", "memory pools failed"),
+    for (mode, says, pools) in [
+        ("1", "stream-ordered pools", true),
+        ("0", "the device has no memory pools", false),
+        ("fail", "memory pools failed", false),
     ] {
         let m = std::path::Path::new(mode);
-        let (line, _) = child(&[cache[0], ("FG_EMU_POOLS", m)]);
+        let (line, _) = child(&[("FUSEGRAD_CACHE_DIR", dir.as_path()), ("FG_EMU_POOLS", m)]);
         assert!(line.contains(says), "FG_EMU_POOLS={mode}: {line}");
+        let (pooled, plain) = (field(&line, "pooled"), field(&line, "plain"));
+        assert_eq!(
+            (pooled > 0, plain > 0),
+            (pools, !pools),
+            "FG_EMU_POOLS={mode}: {line}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

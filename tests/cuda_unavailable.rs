@@ -1,8 +1,11 @@
 //! Where no GPU can be used (no driver, no device, or a build without the
 //! `cuda` feature), every CUDA entry point returns `Err(CudaUnavailable)`
 //! with a sentence saying what is missing, and nothing panics, whatever the
-//! device index. On a machine with a GPU those checks skip. Host allocations that cannot succeed are errors too
-//! (`ShapeTooLarge` / `OutOfMemory`), never aborts.
+//! device index. On a machine with a GPU those checks skip; under
+//! `FUSEGRAD_REQUIRE_GPU=1` (set by `scripts/gpu-check.sh`) a GPU must be
+//! usable, so a broken device cannot pass them as "unavailable". Host
+//! allocations that cannot succeed are errors too (`ShapeTooLarge` /
+//! `OutOfMemory`), never aborts.
 
 use fusegrad::{ops, Device, Error, Tape, Tensor};
 
@@ -14,12 +17,18 @@ fn unavailable<T: std::fmt::Debug>(r: fusegrad::Result<T>) {
 }
 
 /// Whether a GPU is usable here (then the unavailability checks skip).
+/// Under `FUSEGRAD_REQUIRE_GPU=1` one must be: an unusable device fails.
 fn gpu_present() -> bool {
-    let ok = Device::Cuda(0).ensure_available().is_ok();
-    if ok {
+    let r = Device::Cuda(0).ensure_available();
+    if std::env::var("FUSEGRAD_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        if let Err(e) = &r {
+            panic!("FUSEGRAD_REQUIRE_GPU=1, but cuda:0 cannot be used: {e}");
+        }
+    }
+    if r.is_ok() {
         eprintln!("skipped: a GPU is present, so CUDA is not unavailable");
     }
-    ok
+    r.is_ok()
 }
 
 #[test]

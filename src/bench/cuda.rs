@@ -262,6 +262,9 @@ struct Timer {
 
 impl Timer {
     fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        // Timing calls the event entry points, which `gpu` did not check.
+        crate::device::driver_lib::driver_events()
+            .map_err(|reason| crate::error::Error::CudaUnavailable { reason })?;
         let ctx = gpu.stream.context();
         let ev = || {
             ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))

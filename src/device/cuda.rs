@@ -109,7 +109,8 @@ fn driver_present() -> Result<()> {
     static P: OnceLock<bool> = OnceLock::new();
     // SAFETY: only tries to load the library by name.
     if *P.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() }) {
-        Ok(())
+        // Before cudarc's first call: a stub would panic in it.
+        super::driver_lib::driver().map_err(unavailable)
     } else {
         Err(unavailable(
             "the CUDA driver library (libcuda.so) was not found on the loader path: \
@@ -355,6 +356,7 @@ impl Gpu {
                 if !unsafe { cudarc::cublas::sys::is_culib_present() } {
                     return Err("cuBLAS (libcublas.so) was not found on the loader path".into());
                 }
+                super::driver_lib::cublas()?;
                 match guarded("cublasCreate", || CudaBlas::new(self.stream.clone())) {
                     Ok(Ok(b)) => Ok(Arc::new(Mutex::new(b))),
                     Ok(Err(e)) => Err(format!("cublasCreate failed: {e}")),

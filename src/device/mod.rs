@@ -5,6 +5,8 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
+pub(crate) mod driver_lib;
+#[cfg(feature = "cuda")]
 pub(crate) mod kernel_cache;
 #[cfg(feature = "cuda")]
 pub(crate) mod nvrtc;

@@ -175,6 +175,9 @@ fn find_and_load() -> std::result::Result<NvrtcInfo, String> {
             dev.join(", ")
         ));
     }
+    // cudarc panics at a missing symbol; a stub or an old NVRTC is refused
+    // here instead.
+    super::driver_lib::nvrtc()?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: two out-parameters; the library is loaded (checked above).
     let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };

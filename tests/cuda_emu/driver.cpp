@@ -7,14 +7,29 @@
 // a guard page and starts filled with 0xff bytes (NaN for floats), copies
 // must stay inside one allocation, a module only gives the kernels its
 // image names, and a launch fails on a deadlock or an incomplete warp.
+//
+// Memory pools: by default the device says it has them (attribute 115 is
+// 1, as on an H200), so cudarc allocates with cuMemAllocAsync and frees
+// with cuMemFreeAsync. FG_EMU_POOLS, read at the first allocation or
+// attribute query, changes that:
+//   FG_EMU_POOLS=0     attribute 115 is 0: cudarc uses cuMemAlloc/cuMemFree;
+//   FG_EMU_POOLS=fail  attribute 115 is 1, but cuMemAllocAsync returns
+//                      CUDA_ERROR_NOT_SUPPORTED (801), as a driver whose
+//                      pools are turned off does.
+// Either free function frees a pointer from either allocation function.
+// fg_emu_stats(&async_allocs, &sync_allocs) reports how many allocations
+// each function has made so far (successful ones only), so a test can
+// tell which path ran.
 #include "runtime.h"
 
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -55,6 +70,22 @@ std::mutex mem_mu;
 std::map<uintptr_t, Region> regions;  // by start address
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// FG_EMU_POOLS, read once: whether the device reports memory pools, and
+// whether cuMemAllocAsync then refuses.
+enum class Pools { ON, OFF, FAIL };
+Pools pools() {
+    static const Pools p = [] {
+        const char *v = std::getenv("FG_EMU_POOLS");
+        if (!v || !*v || !std::strcmp(v, "1")) return Pools::ON;
+        if (!std::strcmp(v, "0")) return Pools::OFF;
+        if (!std::strcmp(v, "fail")) return Pools::FAIL;
+        std::fprintf(stderr, "cuda-emu: FG_EMU_POOLS=%s is not 0, 1 or fail; using 1\n", v);
+        return Pools::ON;
+    }();
+    return p;
+}
+std::atomic<unsigned long long> async_allocs{0}, sync_allocs{0};
 
 // Whether [p, p + n) lies inside one allocation.
 bool inside(uintptr_t p, size_t n) {
@@ -240,7 +271,8 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice) {
     case 41: *v = 1; break;     // unified addressing
     case 75: *v = 9; break;     // compute capability 9.0: NVRTC builds sm_90
     case 76: *v = 0; break;
-    default: *v = 0;            // memory pools (115) and the rest: no
+    case 115: *v = pools() != Pools::OFF; break;  // memory pools (FG_EMU_POOLS)
+    default: *v = 0;            // the rest: no
     }
     return OK;
 }
@@ -274,7 +306,8 @@ CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
 }
 CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) { return cuEventElapsedTime(ms, a, b); }
 
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+// One allocation for either API function; `p` is set only on success.
+static CUresult allocate(CUdeviceptr *p, size_t n) {
     size_t len = round_up(n ? n : 1, 16), data = round_up(len, PAGE);
     void *m = mmap(nullptr, data + PAGE, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -296,7 +329,18 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
     regions.erase(it);
     return OK;
 }
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *) { return cuMemAlloc_v2(p, n); }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    CUresult r = allocate(p, n);
+    if (r == OK) ++sync_allocs;
+    return r;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *) {
+    if (pools() == Pools::FAIL) return NOT_SUPPORTED;
+    CUresult r = allocate(p, n);
+    if (r == OK) ++async_allocs;
+    return r;
+}
+// Every call completes at once, so a stream-ordered free frees now.
 CUresult cuMemFreeAsync(CUdeviceptr p, void *) { return cuMemFree_v2(p); }
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned) {
     *p = std::malloc(n ? n : 1);
@@ -406,6 +450,7 @@ CUresult cuGetErrorString(CUresult r, const char **s) {
     case INVALID_IMAGE: *s = "device kernel image is invalid"; break;
     case NOT_FOUND: *s = "named symbol not found"; break;
     case LAUNCH_FAILED: *s = "unspecified launch failure (see cuda-emu's line on stderr)"; break;
+    case NOT_SUPPORTED: *s = "operation not supported"; break;
     default: *s = "unknown error";
     }
     return OK;
@@ -418,9 +463,17 @@ CUresult cuGetErrorName(CUresult r, const char **s) {
     case INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; break;
     case NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
     case LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
+    case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
     default: *s = "CUDA_ERROR_UNKNOWN";
     }
     return OK;
+}
+
+// The emulation's own hook (no CUDA function): allocations made so far
+// by cuMemAllocAsync and by cuMemAlloc (see FG_EMU_POOLS above).
+void fg_emu_stats(unsigned long long *async_count, unsigned long long *sync_count) {
+    if (async_count) *async_count = async_allocs.load();
+    if (sync_count) *sync_count = sync_allocs.load();
 }
 
 }  // extern "C"

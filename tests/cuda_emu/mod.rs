@@ -4,24 +4,50 @@
 //! the launchers and the kernels' own code are exercised without a GPU.
 //! The libraries are loaded by path before fusegrad first asks for CUDA;
 //! their sonames make cudarc's later load by bare name find them.
+//!
+//! A skip is only for a machine with no driver where the emulation cannot
+//! run either (no python3, g++ or NVRTC). Where a driver library is found,
+//! or `FUSEGRAD_REQUIRE_GPU=1` is set, a device that cannot be used fails
+//! the test: a green run on a GPU machine must mean the GPU ran it.
 
 use fusegrad::Device;
 use std::sync::OnceLock;
 
+/// Whether `FUSEGRAD_REQUIRE_GPU=1`: every CUDA test must run on a device.
+pub fn gpu_required() -> bool {
+    std::env::var("FUSEGRAD_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
 /// The first GPU (real or emulated), or `None` after printing why there
-/// is none.
+/// is none. Panics (failing the test) where a skip would hide a broken
+/// device: see the module's comment.
 pub fn gpu() -> Option<Device> {
-    if let Err(why) = use_emulation_if_no_driver() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
+    let emulated = match use_emulation_if_no_driver() {
+        Ok(e) => *e,
+        Err(why) => return skip(why),
+    };
     match Device::Cuda(0).ensure_available() {
         Ok(()) => Some(Device::Cuda(0)),
+        // The emulation without NVRTC cannot run: the one skip left.
+        Err(e) if emulated && e.to_string().contains("NVRTC") => skip(&format!(
+            "no CUDA driver, and the emulation needs NVRTC: {e}"
+        )),
+        Err(e) if emulated => panic!("the CUDA emulation (tests/cuda_emu) is loaded, but {e}"),
         Err(e) => {
-            eprintln!("skipped: {e}");
-            None
+            panic!("a CUDA driver library is on the loader path, but cuda:0 cannot be used: {e}")
         }
     }
+}
+
+/// Prints why the test does not run and returns `None`; under
+/// `FUSEGRAD_REQUIRE_GPU=1` fails the test instead.
+fn skip(why: &str) -> Option<Device> {
+    assert!(
+        !gpu_required(),
+        "FUSEGRAD_REQUIRE_GPU=1, but no CUDA device can be used: {why}"
+    );
+    eprintln!("skipped: {why}");
+    None
 }
 
 /// How the CUDA tests run here: `Ok(false)` on a real driver, `Ok(true)`
@@ -76,4 +102,33 @@ fn load() -> Result<(), String> {
 #[cfg(not(feature = "cuda"))]
 fn load() -> Result<(), String> {
     Err("built without the `cuda` feature".into())
+}
+
+/// Allocations the emulated driver has made so far through
+/// `cuMemAllocAsync` and through `cuMemAlloc` (`fg_emu_stats` in
+/// driver.cpp), or `None` off the emulation.
+#[cfg(feature = "cuda")]
+#[allow(dead_code)] // not every test file that shares this module asks
+pub fn emu_alloc_counts() -> Option<(u64, u64)> {
+    if !matches!(use_emulation_if_no_driver(), Ok(true)) {
+        return None;
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cuda-emu/libcuda.so");
+    // SAFETY: the emulation loaded above (same path, so the same copy);
+    // fg_emu_stats writes two counters through the pointers it is given.
+    unsafe {
+        let lib = libloading::Library::new(&path).ok()?;
+        let f = lib
+            .get::<unsafe extern "C" fn(*mut u64, *mut u64)>("fg_emu_stats")
+            .ok()?;
+        let (mut a, mut s) = (0u64, 0u64);
+        f(&mut a, &mut s);
+        Some((a, s))
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[allow(dead_code)] // not every test file that shares this module asks
+pub fn emu_alloc_counts() -> Option<(u64, u64)> {
+    None
 }
