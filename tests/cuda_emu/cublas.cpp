@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <dlfcn.h>
 
 namespace {
 
@@ -110,6 +111,16 @@ struct Shape {
 
 // Argument checks in the spirit of cuBLAS: negative sizes, unknown ops and
 // leading dimensions smaller than the stored rows are INVALID_VALUE.
+// The emulated driver's queued host copies run before a product reads
+// device memory (it exports fg_emu_flush; found through the loaded copy).
+void flush_copies() {
+  static int (*f)() = [] {
+    void *l = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
+    return l ? (int (*)())dlsym(l, "fg_emu_flush") : nullptr;
+  }();
+  if (f) f();
+}
+
 int check(const char *fn, void *h, const Shape &s) {
   if (!h) { std::fprintf(stderr, "cublas-emu: %s: null handle\n", fn); return NOT_INITIALIZED; }
   auto op_ok = [](int t) { return t == OP_N || t == OP_T || t == OP_C; };
@@ -131,6 +142,7 @@ template <class Acc, class TA, class TB, class TC>
 int gemm(const char *fn, void *h, const Shape &s, const void *alpha_p, const void *A_,
          const void *B_, const void *beta_p, void *C_) {
   if (int st = check(fn, h, s)) return st;
+  flush_copies();
   const Acc alpha = *static_cast<const Acc *>(alpha_p), beta = *static_cast<const Acc *>(beta_p);
   using I = long long;
   for (I b = 0; b < s.batch; ++b) {
@@ -161,6 +173,7 @@ int gemm(const char *fn, void *h, const Shape &s, const void *alpha_p, const voi
 // alpha/beta have the compute type (float or double).
 int gemm_ex(const char *fn, void *h, const Shape &s, const void *alpha, const void *A,
             int at, const void *B, int bt, const void *beta, void *C, int ct, int compute) {
+  flush_copies();
   bool c32 = compute == C_32F || compute == C_32F_PEDANTIC || compute == C_32F_FAST_16F ||
              compute == C_32F_FAST_16BF || compute == C_32F_FAST_TF32;
   bool c64 = compute == C_64F || compute == C_64F_PEDANTIC;

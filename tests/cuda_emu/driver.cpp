@@ -1,6 +1,7 @@
 // A CPU stand-in for libcuda.so, for tests only: device pointers are host
-// addresses, every call completes before it returns (so streams and events
-// are trivially ordered), and cuLaunchKernel runs the kernel's own C++
+// addresses, every call but an asynchronous host copy completes before it
+// returns (those wait for the stream's next operation: see below), and
+// cuLaunchKernel runs the kernel's own C++
 // (kernels/*.cu built against runtime.h) block by block, each block's
 // threads as fibers (first to last and last to first in alternation).
 // Strictness where it is cheap: every allocation ends at
@@ -243,6 +244,60 @@ void fg_emu_warp() {
     arrive(warps[w], lanes);
 }
 
+// ---- asynchronous host copies ----------------------------------------------------
+// cuMemcpyHtoDAsync and cuMemcpyDtoHAsync are queued and run at the stream's
+// next operation or synchronization, as a GPU may run them after the call
+// returns. An upload reads its host buffer then: a buffer changed or freed
+// before that fails the call that runs it. A download's host buffer is
+// written only when the stream is synchronized (or its next operation
+// runs), so a host that reads it before then reads stale bytes.
+namespace {
+struct Pending {
+    bool htod;
+    uintptr_t dev;
+    void *host;
+    size_t n;
+    unsigned long long sum;
+};
+std::mutex queue_mu;
+std::vector<Pending> queued;
+
+unsigned long long checksum(const void *p, size_t n) {
+    unsigned long long h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; ++i) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// Runs every queued copy in order; an upload whose buffer changed fails.
+CUresult flush() {
+    std::vector<Pending> q;
+    {
+        std::lock_guard<std::mutex> l(queue_mu);
+        q.swap(queued);
+    }
+    CUresult r = OK;
+    for (const Pending &c : q) {
+        if (!c.htod) {
+            std::memcpy(c.host, (const void *)c.dev, c.n);
+        } else if (checksum(c.host, c.n) != c.sum) {
+            report("cuMemcpyHtoDAsync: the host buffer changed or was freed before the copy ran");
+            r = INVALID_VALUE;
+        } else {
+            std::memcpy((void *)c.dev, c.host, c.n);
+        }
+    }
+    return r;
+}
+
+void enqueue(bool htod, uintptr_t dev, void *host, size_t n) {
+    std::lock_guard<std::mutex> l(queue_mu);
+    queued.push_back(Pending{htod, dev, host, n, htod ? checksum(host, n) : 0});
+}
+}  // namespace
+
+// For the emulated cuBLAS: queued copies run before a product reads memory.
+extern "C" int fg_emu_flush() { return flush(); }
+
 // ---- the driver API ----------------------------------------------------------------
 extern "C" {
 
@@ -283,24 +338,25 @@ CUresult cuCtxGetCurrent(void **ctx) { return *ctx = HANDLE, OK; }
 CUresult cuCtxGetDevice(CUdevice *d) { return *d = 0, OK; }
 CUresult cuCtxPushCurrent_v2(void *) { return OK; }
 CUresult cuCtxPopCurrent_v2(void **ctx) { return *ctx = HANDLE, OK; }
-CUresult cuCtxSynchronize() { return OK; }
+CUresult cuCtxSynchronize() { return flush(); }
 CUresult cuStreamCreate(void **s, unsigned) { return *s = HANDLE, OK; }
 CUresult cuStreamCreateWithPriority(void **s, unsigned, int) { return *s = HANDLE, OK; }
 CUresult cuStreamDestroy_v2(void *) { return OK; }
-CUresult cuStreamSynchronize(void *) { return OK; }
-CUresult cuStreamQuery(void *) { return OK; }
-CUresult cuStreamWaitEvent(void *, void *, unsigned) { return OK; }
+CUresult cuStreamSynchronize(void *) { return flush(); }
+CUresult cuStreamQuery(void *) { return flush(); }
+CUresult cuStreamWaitEvent(void *, void *, unsigned) { return flush(); }
 
 // Events hold the time they were recorded at.
 CUresult cuEventCreate(void **e, unsigned) { return *e = new double(0), OK; }
 CUresult cuEventDestroy_v2(void *e) { return delete (double *)e, OK; }
 CUresult cuEventRecord(void *e, void *) {
+    if (CUresult r = flush()) return r;
     using namespace std::chrono;
     *(double *)e = duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
     return OK;
 }
-CUresult cuEventSynchronize(void *) { return OK; }
-CUresult cuEventQuery(void *) { return OK; }
+CUresult cuEventSynchronize(void *) { return flush(); }
+CUresult cuEventQuery(void *) { return flush(); }
 CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
     return *ms = (float)(*(double *)b - *(double *)a), OK;
 }
@@ -322,6 +378,7 @@ static CUresult allocate(CUdeviceptr *p, size_t n) {
     return OK;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
+    if (CUresult r = flush()) return r;
     std::lock_guard<std::mutex> l(mem_mu);
     auto it = regions.find((uintptr_t)p);
     if (it == regions.end()) return report("cuMemFree of an address never allocated"), INVALID_VALUE;
@@ -349,28 +406,38 @@ CUresult cuMemHostAlloc(void **p, size_t n, unsigned) {
 CUresult cuMemFreeHost(void *p) { return std::free(p), OK; }
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) {
+    if (CUresult r = flush()) return r;
     if (!device_range(d, n, "cuMemcpyHtoD")) return INVALID_VALUE;
     return std::memcpy((void *)d, h, n), OK;
 }
 CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) {
+    if (CUresult r = flush()) return r;
     if (!device_range(d, n, "cuMemcpyDtoH")) return INVALID_VALUE;
     return std::memcpy(h, (const void *)d, n), OK;
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+    if (CUresult r = flush()) return r;
     if (!device_range(d, n, "cuMemcpyDtoD") || !device_range(s, n, "cuMemcpyDtoD"))
         return INVALID_VALUE;
     return std::memmove((void *)d, (const void *)s, n), OK;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, void *) {
-    return cuMemcpyHtoD_v2(d, h, n);
+    if (CUresult r = flush()) return r;
+    if (!device_range(d, n, "cuMemcpyHtoDAsync")) return INVALID_VALUE;
+    enqueue(true, (uintptr_t)d, (void *)h, n);
+    return OK;
 }
 CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, void *) {
-    return cuMemcpyDtoH_v2(h, d, n);
+    if (CUresult r = flush()) return r;
+    if (!device_range(d, n, "cuMemcpyDtoHAsync")) return INVALID_VALUE;
+    enqueue(false, (uintptr_t)d, h, n);
+    return OK;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *) {
     return cuMemcpyDtoD_v2(d, s, n);
 }
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
+    if (CUresult r = flush()) return r;
     if (!device_range(d, n, "cuMemsetD8")) return INVALID_VALUE;
     return std::memset((void *)d, v, n), OK;
 }
@@ -422,6 +489,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
         std::fprintf(stderr, "cuda-emu: %s launched with %s\n", e->first.c_str(), bad);
         return INVALID_VALUE;
     }
+    if (CUresult r = flush()) return r;
     std::lock_guard<std::mutex> l(launch_mu);
     entry = &e->second;
     params = args;
