@@ -90,7 +90,9 @@ write_summary() {
         echo "- device: $where"
         echo "- NVRTC: $(grep -m1 '^NVRTC' "$out/kernels.txt" 2> /dev/null || echo 'not yet known')"
         echo "- kernel cache: $FUSEGRAD_CACHE_DIR"
-        echo "- first launch: $(grep -m1 -o '"first_result_ms".*' "$out/bench.jsonl" 2> /dev/null || echo 'not measured yet')"
+        local first
+        first=$(sed -n 's/.*"first_result_ms":\([0-9.]*\),"compiled":\([0-9]*\),"compile_s":\([0-9.]*\),"loaded":\([0-9]*\).*/\1 ms to the first result; \2 families compiled (\3 s), \4 read from the cache/p' "$out/bench.jsonl" 2> /dev/null | head -1)
+        echo "- first launch: ${first:-not measured yet}"
         echo "- step limits: $total_limit s in all"
         echo
         echo "| step | limit s | took s | result |"
