@@ -433,174 +433,181 @@ fn special_values_match_the_cpu() {
     }
 }
 
-/// Run as a child process by the tests below: one embedding lookup on the
-/// GPU (so one kernel family), checked, then the kernel cache's counters
-/// and the device line on stdout.
-#[test]
-#[ignore = "a child process of the kernel-cache and allocation tests"]
-fn child_embedding_lookup() {
-    let Some(dev) = gpu() else { return };
-    let tape = Tape::<f32>::new();
-    let host: Vec<f32> = (0..15).map(|i| i as f32 * 0.5 - 2.0).collect();
-    let w = tape
-        .var_on(Tensor::from_vec(vec![5, 3], host.clone()).unwrap(), dev)
-        .unwrap();
-    let ids = [4, 0, 2, 2];
-    let y = ops::embedding(&w, &ids, &[4]).unwrap();
-    let got = y.value().to_vec().unwrap();
-    let want: Vec<f32> = ids
-        .iter()
-        .flat_map(|&i| host[3 * i..3 * i + 3].to_vec())
-        .collect();
-    assert_eq!(got, want);
-    let st = fusegrad::device::kernel_stats();
-    let (pooled, plain) = cuda_emu::emu_alloc_counts().unwrap_or((0, 0));
-    println!(
-        "CHILD compiled={} loaded={} pooled={pooled} plain={plain} device={}",
-        st.compiled,
-        st.loaded,
-        Device::cuda_status().unwrap()
-    );
-}
+/// The kernel cache across processes and the allocation fallback: tests
+/// that run this binary's `child_embedding_lookup` as a child process.
+#[cfg(feature = "cuda")]
+mod across_processes {
+    use super::*;
 
-/// Runs [`child_embedding_lookup`] with `env`; its stdout line and stderr.
-fn child(env: &[(&str, &std::path::Path)]) -> (String, String) {
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "child_embedding_lookup",
-        "--include-ignored",
-        "--nocapture",
-    ]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert!(out.status.success(), "child failed:\n{so}\n{se}");
-    let line = so
-        .lines()
-        .find(|l| l.starts_with("CHILD "))
-        .unwrap_or_else(|| panic!("no CHILD line (skipped?):\n{so}\n{se}"))
-        .to_string();
-    (line, se)
-}
-
-fn field(line: &str, key: &str) -> usize {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-}
-
-/// FNV-1a as the kernel cache computes its checksums.
-fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes.iter().chain([0xffu8].iter()) {
-        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// The CUBIN of a cache entry (its last bytes, as long as the header says;
-/// the ptxas log before it holds compile times, so it differs per compile).
-fn cubin_of(entry: &[u8]) -> Vec<u8> {
-    let header = entry.split(|&b| b == b'\n').next().unwrap();
-    let header = String::from_utf8_lossy(header);
-    let len: usize = header.split(' ').nth(3).unwrap().parse().unwrap();
-    let cubin = entry[entry.len() - len..].to_vec();
-    assert!(cubin.starts_with(b"\x7fELF"), "{header}");
-    cubin
-}
-
-#[test]
-fn a_second_process_compiles_nothing_and_damaged_entries_are_recompiled() {
-    if gpu().is_none() {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("fg-cache-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let env = [("FUSEGRAD_CACHE_DIR", dir.as_path())];
-    let (first, _) = child(&env);
-    assert_eq!(
-        (field(&first, "compiled"), field(&first, "loaded")),
-        (1, 0),
-        "{first}"
-    );
-    let entry = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.to_string_lossy().contains("embedding-sm_"))
-        .expect("an embedding entry in the cache");
-    let whole = cubin_of(&std::fs::read(&entry).unwrap());
-    let (second, _) = child(&env);
-    assert_eq!(
-        (field(&second, "compiled"), field(&second, "loaded")),
-        (0, 1),
-        "{second}"
-    );
-    // A truncated entry is compiled again and rewritten whole.
-    std::fs::write(&entry, &whole[..whole.len() / 2]).unwrap();
-    let (third, _) = child(&env);
-    assert_eq!(field(&third, "compiled"), 1, "{third}");
-    assert!(
-        cubin_of(&std::fs::read(&entry).unwrap()) == whole,
-        "not rewritten whole"
-    );
-    // A sound entry whose image the driver rejects is compiled again too.
-    let mut body = b"log".to_vec();
-    body.extend_from_slice(b"\x7fELF\x01not a 64-bit image");
-    let mut bad = format!(
-        "fusegrad-kernel-cache 1 3 {} {:016x}\n",
-        body.len() - 3,
-        fnv(&body)
-    )
-    .into_bytes();
-    bad.extend_from_slice(&body);
-    std::fs::write(&entry, &bad).unwrap();
-    let (fourth, _) = child(&env);
-    assert_eq!(
-        (field(&fourth, "compiled"), field(&fourth, "loaded")),
-        (1, 1),
-        "{fourth}"
-    );
-    assert!(
-        cubin_of(&std::fs::read(&entry).unwrap()) == whole,
-        "not rewritten whole"
-    );
-    // A cache folder that cannot be made: one warning, compiled in memory.
-    let blocked = dir.join("a-file");
-    std::fs::write(&blocked, b"x").unwrap();
-    let sub = blocked.join("cache");
-    let (fifth, err) = child(&[("FUSEGRAD_CACHE_DIR", sub.as_path())]);
-    assert_eq!(field(&fifth, "compiled"), 1, "{fifth}");
-    assert_eq!(err.matches("cannot be written").count(), 1, "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[test]
-fn allocation_falls_back_to_cu_mem_alloc_when_pools_are_missing_or_fail() {
-    if gpu().is_none() || cuda_emu::emu_alloc_counts().is_none() {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("fg-pools-{}", std::process::id()));
-    for (mode, says, pools) in [
-        ("1", "stream-ordered pools", true),
-        ("0", "the device has no memory pools", false),
-        ("fail", "memory pools failed", false),
-    ] {
-        let m = std::path::Path::new(mode);
-        let (line, _) = child(&[("FUSEGRAD_CACHE_DIR", dir.as_path()), ("FG_EMU_POOLS", m)]);
-        assert!(line.contains(says), "FG_EMU_POOLS={mode}: {line}");
-        let (pooled, plain) = (field(&line, "pooled"), field(&line, "plain"));
-        assert_eq!(
-            (pooled > 0, plain > 0),
-            (pools, !pools),
-            "FG_EMU_POOLS={mode}: {line}"
+    /// Run as a child process by the tests below: one embedding lookup on the
+    /// GPU (so one kernel family), checked, then the kernel cache's counters
+    /// and the device line on stdout.
+    #[test]
+    #[ignore = "a child process of the kernel-cache and allocation tests"]
+    fn child_embedding_lookup() {
+        let Some(dev) = gpu() else { return };
+        let tape = Tape::<f32>::new();
+        let host: Vec<f32> = (0..15).map(|i| i as f32 * 0.5 - 2.0).collect();
+        let w = tape
+            .var_on(Tensor::from_vec(vec![5, 3], host.clone()).unwrap(), dev)
+            .unwrap();
+        let ids = [4, 0, 2, 2];
+        let y = ops::embedding(&w, &ids, &[4]).unwrap();
+        let got = y.value().to_vec().unwrap();
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| host[3 * i..3 * i + 3].to_vec())
+            .collect();
+        assert_eq!(got, want);
+        let st = fusegrad::device::kernel_stats();
+        let (pooled, plain) = cuda_emu::emu_alloc_counts().unwrap_or((0, 0));
+        println!(
+            "CHILD compiled={} loaded={} pooled={pooled} plain={plain} device={}",
+            st.compiled,
+            st.loaded,
+            Device::cuda_status().unwrap()
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
+
+    /// Runs [`child_embedding_lookup`] with `env`; its stdout line and stderr.
+    fn child(env: &[(&str, &std::path::Path)]) -> (String, String) {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "across_processes::child_embedding_lookup",
+            "--include-ignored",
+            "--nocapture",
+        ]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "child failed:\n{so}\n{se}");
+        let line = so
+            .lines()
+            .find(|l| l.starts_with("CHILD "))
+            .unwrap_or_else(|| panic!("no CHILD line (skipped?):\n{so}\n{se}"))
+            .to_string();
+        (line, se)
+    }
+
+    fn field(line: &str, key: &str) -> usize {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    }
+
+    /// FNV-1a as the kernel cache computes its checksums.
+    fn fnv(bytes: &[u8]) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in bytes.iter().chain([0xffu8].iter()) {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h
+    }
+
+    /// The CUBIN of a cache entry (its last bytes, as long as the header says;
+    /// the ptxas log before it holds compile times, so it differs per compile).
+    fn cubin_of(entry: &[u8]) -> Vec<u8> {
+        let header = entry.split(|&b| b == b'\n').next().unwrap();
+        let header = String::from_utf8_lossy(header);
+        let len: usize = header.split(' ').nth(3).unwrap().parse().unwrap();
+        let cubin = entry[entry.len() - len..].to_vec();
+        assert!(cubin.starts_with(b"\x7fELF"), "{header}");
+        cubin
+    }
+
+    #[test]
+    fn a_second_process_compiles_nothing_and_damaged_entries_are_recompiled() {
+        if gpu().is_none() {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("fg-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let env = [("FUSEGRAD_CACHE_DIR", dir.as_path())];
+        let (first, _) = child(&env);
+        assert_eq!(
+            (field(&first, "compiled"), field(&first, "loaded")),
+            (1, 0),
+            "{first}"
+        );
+        let entry = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.to_string_lossy().contains("embedding-sm_"))
+            .expect("an embedding entry in the cache");
+        let whole = cubin_of(&std::fs::read(&entry).unwrap());
+        let (second, _) = child(&env);
+        assert_eq!(
+            (field(&second, "compiled"), field(&second, "loaded")),
+            (0, 1),
+            "{second}"
+        );
+        // A truncated entry is compiled again and rewritten whole.
+        std::fs::write(&entry, &whole[..whole.len() / 2]).unwrap();
+        let (third, _) = child(&env);
+        assert_eq!(field(&third, "compiled"), 1, "{third}");
+        assert!(
+            cubin_of(&std::fs::read(&entry).unwrap()) == whole,
+            "not rewritten whole"
+        );
+        // A sound entry whose image the driver rejects is compiled again too.
+        let mut body = b"log".to_vec();
+        body.extend_from_slice(b"\x7fELF\x01not a 64-bit image");
+        let mut bad = format!(
+            "fusegrad-kernel-cache 1 3 {} {:016x}\n",
+            body.len() - 3,
+            fnv(&body)
+        )
+        .into_bytes();
+        bad.extend_from_slice(&body);
+        std::fs::write(&entry, &bad).unwrap();
+        let (fourth, _) = child(&env);
+        assert_eq!(
+            (field(&fourth, "compiled"), field(&fourth, "loaded")),
+            (1, 1),
+            "{fourth}"
+        );
+        assert!(
+            cubin_of(&std::fs::read(&entry).unwrap()) == whole,
+            "not rewritten whole"
+        );
+        // A cache folder that cannot be made: one warning, compiled in memory.
+        let blocked = dir.join("a-file");
+        std::fs::write(&blocked, b"x").unwrap();
+        let sub = blocked.join("cache");
+        let (fifth, err) = child(&[("FUSEGRAD_CACHE_DIR", sub.as_path())]);
+        assert_eq!(field(&fifth, "compiled"), 1, "{fifth}");
+        assert_eq!(err.matches("cannot be written").count(), 1, "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn allocation_falls_back_to_cu_mem_alloc_when_pools_are_missing_or_fail() {
+        if gpu().is_none() || cuda_emu::emu_alloc_counts().is_none() {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("fg-pools-{}", std::process::id()));
+        for (mode, says, pools) in [
+            ("1", "stream-ordered pools", true),
+            ("0", "the device has no memory pools", false),
+            ("fail", "memory pools failed", false),
+        ] {
+            let m = std::path::Path::new(mode);
+            let (line, _) = child(&[("FUSEGRAD_CACHE_DIR", dir.as_path()), ("FG_EMU_POOLS", m)]);
+            assert!(line.contains(says), "FG_EMU_POOLS={mode}: {line}");
+            let (pooled, plain) = (field(&line, "pooled"), field(&line, "plain"));
+            assert_eq!(
+                (pooled > 0, plain > 0),
+                (pools, !pools),
+                "FG_EMU_POOLS={mode}: {line}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
