@@ -86,26 +86,31 @@ const DRIVER_RUNS: [&[&str]; 2] = [
     &["train", "transformer", "--device", "cuda", "--steps", "1"],
 ];
 
-#[test]
-fn a_driver_stub_with_no_entry_points_is_unavailable_not_a_panic() {
-    let source = "int fusegrad_stub(void) { return 0; }\n";
-    let Some(dir) = stub("stub-cuda-empty", source, &["libcuda.so", "libcuda.so.1"]) else {
-        return;
-    };
-    for args in DRIVER_RUNS {
-        refused(args, &[&dir], "cuInit");
-    }
-}
+/// Driver stubs and the first symbol each lacks: none at all, then only
+/// `cuInit` (which succeeds, so cudarc's next call would be the first to
+/// panic).
+const DRIVER_STUBS: [(&str, &str, &str); 2] = [
+    (
+        "stub-cuda-empty",
+        "int fusegrad_stub(void) { return 0; }\n",
+        "cuInit",
+    ),
+    (
+        "stub-cuda-init",
+        "int cuInit(unsigned flags) { (void)flags; return 0; }\n",
+        "cuDeviceGetCount",
+    ),
+];
 
 #[test]
-fn a_driver_stub_with_only_cu_init_is_unavailable_not_a_panic() {
-    // cuInit succeeds, so cudarc's next call would be the first to panic.
-    let source = "int cuInit(unsigned flags) { (void)flags; return 0; }\n";
-    let Some(dir) = stub("stub-cuda-init", source, &["libcuda.so", "libcuda.so.1"]) else {
-        return;
-    };
-    for args in DRIVER_RUNS {
-        refused(args, &[&dir], "cuDeviceGetCount");
+fn a_driver_stub_lacking_entry_points_is_unavailable_not_a_panic() {
+    for (name, source, missing) in DRIVER_STUBS {
+        let Some(dir) = stub(name, source, &["libcuda.so", "libcuda.so.1"]) else {
+            return;
+        };
+        for args in DRIVER_RUNS {
+            refused(args, &[&dir], missing);
+        }
     }
 }
 

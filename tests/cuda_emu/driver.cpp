@@ -269,12 +269,12 @@ unsigned long long checksum(const void *p, size_t n) {
 }
 
 // Runs every queued copy in order; an upload whose buffer changed fails.
+// The lock is held until the copies are done: a thread whose flush finds the
+// queue empty must not run ahead of copies another thread is still making.
 CUresult flush() {
+    std::lock_guard<std::mutex> l(queue_mu);
     std::vector<Pending> q;
-    {
-        std::lock_guard<std::mutex> l(queue_mu);
-        q.swap(queued);
-    }
+    q.swap(queued);
     CUresult r = OK;
     for (const Pending &c : q) {
         if (!c.htod) {
