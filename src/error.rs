@@ -123,6 +123,19 @@ pub enum Error {
     /// module (the first mismatch, named).
     #[error("weights file {path}: {msg}")]
     Weights { path: String, msg: String },
+    /// A shadow replay file could not be written or read.
+    #[error("shadow replay file {path}: {msg}")]
+    Replay { path: String, msg: String },
+    /// A shadow check found a fused result past tolerance from its
+    /// composed twin, and the shadow was set to halt.
+    #[error("{op} at {site}: fused {result} differs from the composed twin by {diff:e}, past the tolerance {tol:e}")]
+    ShadowMismatch {
+        op: &'static str,
+        site: String,
+        result: String,
+        diff: f64,
+        tol: f64,
+    },
     /// A plot could not be drawn or written (`path` is the file, or
     /// `<svg>` / `<png>` for one made in memory).
     #[error("plot {path}: {msg}")]

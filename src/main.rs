@@ -4,7 +4,7 @@
 //! [--plot FILE]` and `fusegrad bench [--json] [--prims] [--device cpu|cuda]
 //! [--shapes NxD,...] [--reps N]` run one part; `fusegrad train
 //! spirals|transformer [OPTIONS]` trains with a progress bar and writes loss
-//! plots. `fusegrad --help` says the same.
+//! plots; `fusegrad replay FILE` reruns a shadow check's replay file. `fusegrad --help` says the same.
 //! Exit status: 0 done, 1 a failed check or an error, 2 a usage error.
 
 use clap::{value_parser, Arg, ArgAction, Command};
@@ -43,7 +43,7 @@ fn norms() -> Result<()> {
     Ok(())
 }
 
-fn training() -> Result<()> {
+fn training() -> Result<bool> {
     section(
         "Training: MLP with LayerNorm on 3-arm spirals, fused vs composed LayerNorm (f32, Adam)",
     );
@@ -62,7 +62,8 @@ fn training() -> Result<()> {
         "per-step loss difference, fused vs composed: max abs {:.2e}, max rel {:.2e}",
         a.max_abs_diff, a.max_rel_diff
     );
-    Ok(())
+    section("Shadow check: the spirals run again, each fused LayerNorm checked against its twin every 10th step");
+    fusegrad::app::shadow::spirals_report(300, 10)
 }
 
 fn stability_demo(plot: PathBuf) -> Result<()> {
@@ -365,6 +366,18 @@ fn cli() -> Command {
                 ),
         )
         .subcommand(
+            Command::new("replay")
+                .about("Rerun a shadow check's replay file fused and composed, and print both (exit status 1 if they still differ past tolerance)")
+                .arg(Arg::new("file").value_name("FILE").required(true).value_parser(value_parser!(PathBuf)))
+                .arg(
+                    Arg::new("device")
+                        .long("device")
+                        .value_parser(["cpu", "cuda"])
+                        .default_value("cpu")
+                        .help("Where to rerun it"),
+                ),
+        )
+        .subcommand(
             Command::new("train")
                 .about("Train a small network with a progress bar; writes its loss plot to target/plots/")
                 .subcommand_required(true)
@@ -395,9 +408,9 @@ fn run() -> Result<bool> {
             let ok = primitives()?;
             norms()?;
             stability_demo(PathBuf::from("target/stability.svg"))?;
-            training()?;
+            let trained = training()?;
             benchmark(false, false)?;
-            Ok(ok)
+            Ok(ok && trained)
         }
         Some(("check", _)) => {
             let ok = primitives()?;
@@ -437,6 +450,19 @@ fn run() -> Result<bool> {
             } else {
                 benchmark(true, a.get_flag("json")).map(|_| true)
             }
+        }
+        Some(("replay", a)) => {
+            let file = a.get_one::<PathBuf>("file").cloned().unwrap_or_default();
+            let device = match a.get_one::<String>("device").map(String::as_str) {
+                Some("cuda") => {
+                    Device::Cuda(0).ensure_available()?;
+                    Device::Cuda(0)
+                }
+                _ => Device::Cpu,
+            };
+            let r = fusegrad::shadow::replay(&file, device, fusegrad::ShadowConfig::every(1))?;
+            print!("{r}");
+            Ok(r.checks.iter().all(|c| c.passed()))
         }
         Some(("train", t)) => match t.subcommand() {
             Some(("spirals", a)) => spirals::run(&spirals::Options::from_matches(a)?).map(|_| true),

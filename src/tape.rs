@@ -21,6 +21,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
 use crate::ops::elementwise::{Binary, Unary};
+use crate::shadow::{Side, Twin, Watch};
 use crate::shape::sum_to_shape;
 use crate::tensor::{Dims, Tensor};
 use std::cell::RefCell;
@@ -52,6 +53,28 @@ impl<O: Op<T>, T: Element> Backward<T> for Recorded<O, T> {
     }
 }
 
+/// A checked fused node: its own backward, then the twin's on the same
+/// output gradient, compared (see [`crate::shadow`]).
+struct Shadowed<T: Element> {
+    fused: Box<dyn Backward<T>>,
+    side: Side<T>,
+}
+
+impl<T: Element> Backward<T> for Shadowed<T> {
+    fn name(&self) -> &'static str {
+        self.fused.name()
+    }
+    fn backward(&self, grad: &Tensor<T>, needs: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
+        let mut grads = self.fused.backward(grad, needs)?;
+        self.side.backward(grad, &mut grads, needs)?;
+        Ok(grads)
+    }
+    fn visit_saved(&self, f: &mut dyn FnMut(SavedItem)) {
+        self.fused.visit_saved(f);
+        f(SavedItem::Raw(self.side.saved_bytes()))
+    }
+}
+
 enum Kind<T: Element> {
     /// A leaf; `var` leaves keep their value for memory accounting.
     Leaf(Option<Tensor<T>>),
@@ -67,15 +90,22 @@ struct Node<T: Element> {
     kind: Kind<T>,
 }
 
+/// What a tape shares with its handles: the nodes and, while a
+/// [`Shadow`] watches it, the shadow's per-tape state.
+struct Inner<T: Element> {
+    nodes: RefCell<Vec<Node<T>>>,
+    shadow: RefCell<Option<Watch>>,
+}
+
 /// A recording of operations, shared by the `Var`s made on it.
 pub struct Tape<T: Element> {
-    nodes: Rc<RefCell<Vec<Node<T>>>>,
+    inner: Rc<Inner<T>>,
 }
 
 impl<T: Element> Clone for Tape<T> {
     fn clone(&self) -> Self {
         Tape {
-            nodes: self.nodes.clone(),
+            inner: self.inner.clone(),
         }
     }
 }
@@ -145,7 +175,8 @@ pub struct NodeInfo {
 impl<T: Element> Tape<T> {
     /// One [`NodeInfo`] per recorded node, oldest first.
     pub fn nodes(&self) -> Vec<NodeInfo> {
-        self.nodes
+        self.inner
+            .nodes
             .borrow()
             .iter()
             .enumerate()
@@ -168,12 +199,15 @@ impl<T: Element> Tape<T> {
     /// An empty tape.
     pub fn new() -> Self {
         Tape {
-            nodes: Rc::new(RefCell::new(Vec::new())),
+            inner: Rc::new(Inner {
+                nodes: RefCell::new(Vec::new()),
+                shadow: RefCell::new(None),
+            }),
         }
     }
 
     fn push(&self, node: Node<T>) -> usize {
-        let mut nodes = self.nodes.borrow_mut();
+        let mut nodes = self.inner.nodes.borrow_mut();
         nodes.push(node);
         nodes.len() - 1
     }
@@ -215,7 +249,7 @@ impl<T: Element> Tape<T> {
 
     /// Number of recorded nodes.
     pub fn len(&self) -> usize {
-        self.nodes.borrow().len()
+        self.inner.nodes.borrow().len()
     }
 
     /// True when nothing is recorded.
@@ -225,7 +259,7 @@ impl<T: Element> Tape<T> {
 
     /// True if both handles refer to the same tape.
     pub fn same(&self, other: &Tape<T>) -> bool {
-        Rc::ptr_eq(&self.nodes, &other.nodes)
+        Rc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Bytes the graph holds for backward beyond the leaves' own values:
@@ -236,7 +270,7 @@ impl<T: Element> Tape<T> {
 
     /// [`Tape::saved_bytes`], node by node.
     pub fn saved_bytes_per_node(&self) -> Vec<NodeMemory> {
-        let nodes = self.nodes.borrow();
+        let nodes = self.inner.nodes.borrow();
         let mut seen: HashSet<usize> = nodes
             .iter()
             .filter_map(|n| match &n.kind {
@@ -264,6 +298,65 @@ impl<T: Element> Tape<T> {
             }
         }
         out
+    }
+
+    /// Starts watching for a shadow (see [`crate::Shadow::watch`]).
+    pub(crate) fn set_watch(&self, watch: Watch) {
+        *self.inner.shadow.borrow_mut() = Some(watch);
+    }
+
+    /// Whether a [`crate::Shadow`] watches this tape.
+    pub fn is_watched(&self) -> bool {
+        self.inner.shadow.borrow().is_some()
+    }
+
+    /// Names `var` in shadow reports (a parameter's dotted name, such as
+    /// `blocks.2.ln1.weight`); kept only while a shadow watches the tape.
+    pub fn name_var(&self, var: &Var<T>, name: &str) {
+        if let Some(w) = self.inner.shadow.borrow_mut().as_mut() {
+            w.name(var.id, name);
+        }
+    }
+
+    /// [`Tape::apply`] for a fused op with a composed twin: on a watched
+    /// tape, when the shadow picks this call, the twin also runs on the same
+    /// inputs and both forward and backward are checked. `twin` is called
+    /// only then, so an unwatched call costs one check.
+    pub(crate) fn apply_twinned<'a, O: Op<T>>(
+        op: O,
+        inputs: &[&Var<T>],
+        twin: impl FnOnce() -> Twin<'a, T>,
+    ) -> Result<Var<T>> {
+        let probe = match inputs.first() {
+            Some(first) => {
+                let mut w = first.tape.inner.shadow.borrow_mut();
+                w.as_mut().and_then(|w| {
+                    let ids: Vec<usize> = inputs.iter().map(|v| v.id).collect();
+                    w.probe(op.name(), &ids)
+                })
+            }
+            None => None,
+        };
+        let Some(probe) = probe else {
+            return Tape::apply(op, inputs);
+        };
+        let mut out = Tape::apply(op, inputs)?;
+        let (side, faulty) = Side::forward(probe, inputs, &out.value, twin())?;
+        if let Some(y) = faulty {
+            out.value = y;
+        }
+        let mut nodes = out.tape.inner.nodes.borrow_mut();
+        let node = &mut nodes[out.id];
+        if let Kind::Op { .. } = node.kind {
+            if let Kind::Op { bw, inputs } = std::mem::replace(&mut node.kind, Kind::Leaf(None)) {
+                node.kind = Kind::Op {
+                    bw: Box::new(Shadowed { fused: bw, side }),
+                    inputs,
+                };
+            }
+        }
+        drop(nodes);
+        Ok(out)
     }
 
     /// Records `op` applied to `inputs` and returns its output. Ops whose
@@ -334,7 +427,7 @@ impl<T: Element> Tape<T> {
     }
 
     fn sweep(&self, root: usize, seed: Tensor<T>) -> Result<Gradients<T>> {
-        let nodes = self.nodes.borrow();
+        let nodes = self.inner.nodes.borrow();
         let mut grads: Vec<Option<Tensor<T>>> = vec![None; root + 1];
         if nodes[root].requires_grad {
             grads[root] = Some(seed);

@@ -174,3 +174,23 @@ pub fn norm_bf16(cond: f64) -> Tolerance {
         rtol: BF16_VS_F64.rtol + 16.0 * cond * f64::powi(2.0, -7),
     }
 }
+
+/// A fused norm against its composed twin in the same dtype, as the shadow
+/// check compares them during training (`dtype` is `Element::NAME`). f64
+/// and f32 use their fused-vs-composed bars; f16 and bf16 twice their bar
+/// against f64, since both paths round at that precision (the composed
+/// one after every primitive op).
+pub fn norm_shadow(dtype: &str, cond: f64) -> Tolerance {
+    match dtype {
+        "f64" => norm_fused_vs_composed_f64(cond),
+        "f16" => Tolerance {
+            atol: 0.0,
+            rtol: 2.0 * norm_f16(cond).rtol,
+        },
+        "bf16" => Tolerance {
+            atol: 0.0,
+            rtol: 2.0 * norm_bf16(cond).rtol,
+        },
+        _ => norm_f32(cond),
+    }
+}

@@ -379,3 +379,54 @@ fn device_normals_are_standard_and_seeded() {
         );
     }
 }
+
+/// The shadow check on the device: each fused norm against its composed
+/// twin, both on the device, in f32 and bf16; then a fault injected into
+/// one row of the device's dx is found at its call and row.
+fn shadow_on<T: Element>(dev: Device) {
+    use fusegrad::shadow::Fault;
+    use fusegrad::{Shadow, ShadowConfig};
+    let mut rng = Rng::new(17);
+    let fault = Fault {
+        op: "rms_norm".into(),
+        step: 0,
+        call: 1,
+        result: "dx".into(),
+        row: 3,
+        delta: 0.5,
+    };
+    let shadow = Shadow::new(ShadowConfig {
+        fault: Some(fault),
+        ..ShadowConfig::every(1)
+    });
+    let tape = Tape::<T>::new();
+    shadow.watch(&tape, 0);
+    let x = tape.var_on(normal::<T>(&mut rng, &[6, 40]), dev).unwrap();
+    let g = tape.var_on(normal::<T>(&mut rng, &[40]), dev).unwrap();
+    let b = tape.var_on(normal::<T>(&mut rng, &[40]), dev).unwrap();
+    tape.name_var(&g, "ln.weight");
+    let y = ops::layer_norm(&x, Some(&g), Some(&b), 1e-5).unwrap();
+    let z = ops::rms_norm(&y, None, 1e-6).unwrap(); // call 0 of rms_norm
+    let w = ops::rms_norm(&z, None, 1e-6).unwrap(); // call 1: the fault
+    let cot = normal::<T>(&mut rng, &[6, 40]).to_device(dev).unwrap();
+    w.backward_with(&cot).unwrap();
+    let sites = shadow.sites();
+    let names: Vec<&str> = sites.iter().map(|s| s.site.as_str()).collect();
+    assert_eq!(names, ["ln", "rms_norm#0", "rms_norm#1"], "{}", T::NAME);
+    for s in &sites[..2] {
+        assert_eq!((s.calls, s.failures), (1, 0), "{} {s:?}", T::NAME);
+        assert!(s.worst_ratio() <= 1.0, "{s:?}");
+    }
+    let bad = sites[2].worst_grad.as_ref().unwrap();
+    assert!(!bad.passed(), "{bad:?}");
+    assert_eq!((bad.result.as_str(), bad.row.unwrap().row), ("dx", 3));
+    assert!(sites[2].worst_output.as_ref().unwrap().passed());
+}
+
+#[test]
+fn the_shadow_check_runs_on_the_device_f32_bf16() {
+    if let Some(dev) = gpu() {
+        shadow_on::<f32>(dev);
+        shadow_on::<half::bf16>(dev);
+    }
+}

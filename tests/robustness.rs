@@ -396,6 +396,8 @@ fn kind(e: &Error) -> &'static str {
         Error::DeviceMismatch { .. } => "DeviceMismatch",
         Error::Weights { .. } => "Weights",
         Error::Plot { .. } => "Plot",
+        Error::Replay { .. } => "Replay",
+        Error::ShadowMismatch { .. } => "ShadowMismatch",
         Error::CudaUnavailable { .. } => "CudaUnavailable",
         Error::Cuda { .. } => "Cuda",
         Error::OutOfMemory { .. } => "OutOfMemory",

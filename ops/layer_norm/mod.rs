@@ -363,12 +363,12 @@ pub fn layer_norm_nd<T: Element>(
 /// `NormOps`, so that it is compiled once, in this crate).
 pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let ln = LayerNorm {
-        normalized: spec.normalized,
+        normalized: spec.normalized.clone(),
         d: spec.d,
         // Exact: `spec.eps` is `T::Acc`'s checked eps, widened.
         eps: <T::Acc as Accum>::of(spec.eps),
         has_gamma: spec.has_gamma,
         has_beta: spec.has_beta,
     };
-    Tape::apply(ln, inputs)
+    Tape::apply_twinned(ln, inputs, || crate::ops::norm::twin::twin(&spec, true))
 }

@@ -5,6 +5,7 @@
 pub(crate) mod cpu_rows;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+pub(crate) mod twin;
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};

@@ -204,11 +204,11 @@ pub fn rms_norm_nd<T: Element>(
 /// `NormOps`, so that it is compiled once, in this crate).
 pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let op = RmsNorm {
-        normalized: spec.normalized,
+        normalized: spec.normalized.clone(),
         d: spec.d,
         // Exact: `spec.eps` is `T::Acc`'s checked eps, widened.
         eps: <T::Acc as Accum>::of(spec.eps),
         has_gamma: spec.has_gamma,
     };
-    Tape::apply(op, inputs)
+    Tape::apply_twinned(op, inputs, || crate::ops::norm::twin::twin(&spec, false))
 }

@@ -5,6 +5,7 @@
 //! its loss plot as PNG and SVG. The command and the example call the same
 //! code, so they accept the same options.
 
+pub mod shadow;
 pub mod spirals;
 pub mod transformer;
 

@@ -1,12 +1,14 @@
 //! `fusegrad train spirals`: the spiral MLP of [`crate::nn::demo`] with a
 //! progress bar, its final figures and a loss plot.
 
+use super::shadow::Watching;
 use super::{common_args, device_of, get};
 use crate::error::Result;
 use crate::nn::demo::{train_spirals_observed, Agreement, SpiralConfig, TrainReport};
 use crate::nn::progress::Bar;
 use crate::nn::NormImpl;
 use crate::plot::{LinePlot, Series, Style};
+use crate::shadow::{Shadow, SiteReport};
 use crate::Device;
 use clap::{value_parser, Arg, ArgMatches, Command};
 use std::path::PathBuf;
@@ -25,6 +27,9 @@ pub struct Options {
     pub plots: Option<PathBuf>,
     /// Draw a progress bar (it hides itself off a terminal).
     pub progress: bool,
+    /// Check the fused LayerNorms against their twins every this many
+    /// steps (`--shadow`).
+    pub shadow: Option<usize>,
 }
 
 impl Default for Options {
@@ -36,6 +41,7 @@ impl Default for Options {
             device: Device::Cpu,
             plots: Some(PathBuf::from(super::PLOTS_DIR)),
             progress: false,
+            shadow: None,
         }
     }
 }
@@ -79,6 +85,7 @@ pub fn command(name: &'static str) -> Command {
         .args(common_args(
             "Also train with the composed LayerNorm from the same seed and compare the loss curves",
         ))
+        .arg(super::shadow::arg())
 }
 
 impl Options {
@@ -97,6 +104,7 @@ impl Options {
             device: device_of(m)?,
             plots: m.get_one::<PathBuf>("plots").cloned(),
             progress: true,
+            shadow: super::shadow::every_of(m),
         })
     }
 }
@@ -110,9 +118,11 @@ pub struct Summary {
     pub agreement: Option<Agreement>,
     /// The plot files written.
     pub plots: Vec<PathBuf>,
+    /// The shadow check's sites, with `--shadow`.
+    pub shadow: Vec<SiteReport>,
 }
 
-fn train(o: &Options, imp: NormImpl) -> Result<TrainReport> {
+fn train(o: &Options, imp: NormImpl, shadow: Option<&Shadow>) -> Result<TrainReport> {
     let config = SpiralConfig {
         norm_impl: imp,
         ..o.config
@@ -122,7 +132,16 @@ fn train(o: &Options, imp: NormImpl) -> Result<TrainReport> {
     } else {
         Bar::quiet("samples")
     };
-    let r = train_spirals_observed::<f32>(&config, &mut bar);
+    let r = match shadow {
+        Some(shadow) => {
+            let mut w = Watching {
+                inner: &mut bar,
+                shadow,
+            };
+            train_spirals_observed::<f32>(&config, &mut w)
+        }
+        None => train_spirals_observed::<f32>(&config, &mut bar),
+    };
     bar.finish();
     r
 }
@@ -150,10 +169,13 @@ pub fn run(o: &Options) -> Result<Summary> {
         c.classes, c.per_class, c.noise, c.classes, c.lr, c.steps, o.device, h = c.hidden
     );
     let n = c.classes * c.per_class;
-    let fused = train(o, NormImpl::Fused)?;
+    let shadow = o
+        .shadow
+        .map(|e| super::shadow::shadow(e, o.plots.as_deref()));
+    let fused = train(o, NormImpl::Fused, shadow.as_ref())?;
     println!("{}", line("fused:", &fused, n));
     let agreement = if o.composed {
-        let twin = train(o, NormImpl::Composed)?;
+        let twin = train(o, NormImpl::Composed, None)?;
         println!("{}", line("composed:", &twin, n));
         let a = Agreement::of(fused.clone(), twin);
         println!(
@@ -186,14 +208,28 @@ pub fn run(o: &Options) -> Result<Summary> {
         log_y: true,
         series,
     };
-    let plots = match &o.plots {
+    let mut plots = match &o.plots {
         Some(dir) => plot.write_both(dir, "spirals_loss")?.to_vec(),
         None => Vec::new(),
     };
     if let [png, svg] = plots.as_slice() {
         println!("loss plot: {} and {}", png.display(), svg.display());
     }
+    let shadow_sites = match &shadow {
+        Some(s) => {
+            let title = "Spirals MLP: fused vs composed LayerNorm while training";
+            plots.extend(super::shadow::finish(
+                s,
+                o.plots.as_deref(),
+                "spirals_shadow",
+                title,
+            )?);
+            s.sites()
+        }
+        None => Vec::new(),
+    };
     Ok(Summary {
+        shadow: shadow_sites,
         fused,
         agreement,
         plots,

@@ -4,12 +4,14 @@
 //! optional fused-vs-composed comparison, weights in and out, a sampled
 //! line and a loss plot.
 
+use super::shadow::Watching;
 use super::{common_args, device_of, get};
 use crate::error::{Error, Result};
 use crate::nn::char_lm::{new_model, sample, train_observed, CharData, CharLmConfig, CharLmRun};
 use crate::nn::progress::Bar;
 use crate::nn::{load, save, Gpt, Module, NormImpl};
 use crate::plot::{LinePlot, Series, Style};
+use crate::shadow::{Shadow, SiteReport};
 use crate::{rng::Rng, Device};
 use clap::{value_parser, Arg, ArgMatches, Command};
 use std::path::{Path, PathBuf};
@@ -35,6 +37,9 @@ pub struct Options {
     pub plots: Option<PathBuf>,
     /// Draw a progress bar (it hides itself off a terminal).
     pub progress: bool,
+    /// Check the fused LayerNorms against their twins every this many
+    /// steps (`--shadow`).
+    pub shadow: Option<usize>,
 }
 
 impl Default for Options {
@@ -50,6 +55,7 @@ impl Default for Options {
             load: None,
             plots: Some(PathBuf::from(super::PLOTS_DIR)),
             progress: false,
+            shadow: None,
         }
     }
 }
@@ -105,6 +111,7 @@ pub fn command(name: &'static str) -> Command {
         )
         .arg(path_arg("save", "Write the trained weights to FILE (safetensors)"))
         .arg(path_arg("load", "Start from the weights in FILE (safetensors) instead of fresh ones"))
+        .arg(super::shadow::arg())
         .args(common_args(
             "Train again with the composed LayerNorm from the same start and print both loss curves",
         ))
@@ -136,6 +143,7 @@ impl Options {
             load: m.get_one::<PathBuf>("load").cloned(),
             plots: m.get_one::<PathBuf>("plots").cloned(),
             progress: true,
+            shadow: super::shadow::every_of(m),
         })
     }
 }
@@ -156,6 +164,8 @@ pub struct Summary {
     pub max_rel_diff: Option<f64>,
     /// The plot files written.
     pub plots: Vec<PathBuf>,
+    /// The shadow check's sites, with `--shadow`.
+    pub shadow: Vec<SiteReport>,
 }
 
 /// This crate's `.rs` and `.md` files, read at run time in a fixed order:
@@ -189,14 +199,29 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-fn train(o: &Options, data: &CharData, model: Gpt<f32>, c: &CharLmConfig) -> Result<CharLmRun> {
+fn train(
+    o: &Options,
+    data: &CharData,
+    model: Gpt<f32>,
+    c: &CharLmConfig,
+    shadow: Option<&Shadow>,
+) -> Result<CharLmRun> {
     println!("{:>6} {:>9} {:>14}", "step", "seconds", "val bits/char");
     let mut bar = if o.progress {
         Bar::new(c.steps, "tok")
     } else {
         Bar::quiet("tok")
     };
-    let run = train_observed(model, data, c, &mut bar);
+    let run = match shadow {
+        Some(shadow) => {
+            let mut w = Watching {
+                inner: &mut bar,
+                shadow,
+            };
+            train_observed(model, data, c, &mut w)
+        }
+        None => train_observed(model, data, c, &mut bar),
+    };
     bar.finish();
     run
 }
@@ -241,7 +266,10 @@ pub fn run(o: &Options) -> Result<Summary> {
         println!("resumed from {}", f.display());
     }
     let start = model.clone();
-    let fused = train(o, &data, model, config)?;
+    let shadow = o
+        .shadow
+        .map(|e| super::shadow::shadow(e, o.plots.as_deref()));
+    let fused = train(o, &data, model, config, shadow.as_ref())?;
     if let Some(f) = &o.save {
         save(&fused.model, f)?;
         println!("weights written to {} (safetensors)", f.display());
@@ -263,7 +291,7 @@ pub fn run(o: &Options) -> Result<Summary> {
     let mut rng = Rng::new(config.seed + 1);
     let line = sample(&fused.model, &data, "pub fn ", 120, 0.8, &mut rng)?;
     println!("sample: pub fn {}", line.lines().next().unwrap_or(""));
-    let plots = match &o.plots {
+    let mut plots = match &o.plots {
         Some(dir) => plot(&fused, composed.as_ref(), uni, bi)
             .write_both(dir, "transformer_loss")?
             .to_vec(),
@@ -272,7 +300,21 @@ pub fn run(o: &Options) -> Result<Summary> {
     if let [png, svg] = plots.as_slice() {
         println!("loss plot: {} and {}", png.display(), svg.display());
     }
+    let shadow_sites = match &shadow {
+        Some(s) => {
+            let title = "Transformer: fused vs composed LayerNorm while training";
+            plots.extend(super::shadow::finish(
+                s,
+                o.plots.as_deref(),
+                "transformer_shadow",
+                title,
+            )?);
+            s.sites()
+        }
+        None => Vec::new(),
+    };
     Ok(Summary {
+        shadow: shadow_sites,
         unigram_bits: uni,
         bigram_bits: bi,
         fused,
@@ -294,7 +336,7 @@ fn compare(
     c.time_limit = Duration::MAX;
     println!("composed LayerNorm, same start, {} steps:", c.steps);
     twin.set_norm_impl(NormImpl::Composed);
-    let twin = train(o, data, twin, &c)?;
+    let twin = train(o, data, twin, &c, None)?;
     println!(
         "{:>6} {:>12} {:>12} {:>10}",
         "step", "fused", "composed", "rel diff"

@@ -285,6 +285,9 @@ pub fn train_observed(
         }
         let (x, y) = CharData::batch(&data.train, b, t, &mut rng);
         let tape = Tape::new();
+        if let Some(s) = obs.shadow() {
+            s.watch(&tape, step);
+        }
         let p = model.bind(&tape);
         let loss = model.loss(&p, &x, &y, b, t)?;
         let value = scalar(loss.value())?;

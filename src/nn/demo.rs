@@ -213,6 +213,9 @@ pub fn train_spirals_observed<T: Element>(
     let n = train.labels.len();
     for step in 1..=config.steps {
         let tape = Tape::new();
+        if let Some(s) = obs.shadow() {
+            s.watch(&tape, step);
+        }
         let p = model.bind(&tape);
         let logits = model.forward(&p, &tape.constant(train.x.clone()))?;
         let loss = ops::cross_entropy(&logits, &train.labels)?;

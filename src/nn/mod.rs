@@ -99,13 +99,18 @@ pub trait Module<T: Element> {
 
     /// Records every parameter on `tape` as a Var that takes a gradient.
     fn bind(&self, tape: &Tape<T>) -> Bound<T> {
-        Bound {
-            vars: self
-                .params()
-                .into_iter()
-                .map(|t| tape.var(t.clone()))
-                .collect(),
+        let vars: Vec<Var<T>> = self
+            .params()
+            .into_iter()
+            .map(|t| tape.var(t.clone()))
+            .collect();
+        // Names for a shadow's report (see `crate::shadow`).
+        if tape.is_watched() {
+            for (v, n) in vars.iter().zip(self.param_names()) {
+                tape.name_var(v, &n.name);
+            }
         }
+        Bound { vars }
     }
 
     /// Records every parameter on `tape` as a constant (no gradient): for

@@ -38,6 +38,11 @@ pub trait Observer {
     fn on_step(&mut self, _step: &Step) {}
     /// After each validation (language models).
     fn on_eval(&mut self, _eval: &EvalPoint) {}
+    /// The shadow check to watch each step's tape with, if any (see
+    /// [`crate::shadow`]).
+    fn shadow(&self) -> Option<&crate::Shadow> {
+        None
+    }
 }
 
 /// Sees nothing: what a caller passes for a quiet run.
