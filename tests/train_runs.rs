@@ -267,3 +267,75 @@ fn command_line_errors_are_clear() {
         assert!(out.contains(flag), "{flag} missing from\n{out}");
     }
 }
+
+/// `train spirals --shadow 5`: the per-layer table, the verdict and the
+/// plot; then `fusegrad replay` on a file made by a shadow with an injected
+/// fault prints both paths and fails while they differ.
+#[test]
+fn shadow_table_plot_and_replay_on_the_command_line() {
+    let dir = tmp("cli-shadow");
+    let plots = dir.to_str().unwrap();
+    let args = [
+        "train", "spirals", "--steps", "20", "--shadow", "5", "--plots", plots,
+    ];
+    let (code, out, err) = fusegrad(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("shadow check, fused vs composed every 5 steps"),
+        "{out}"
+    );
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("layer_norm "))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    // Steps 5, 10, 15 and 20 are checked.
+    assert!(
+        rows.iter()
+            .all(|r| r.split_whitespace().nth(2) == Some("4")),
+        "{out}"
+    );
+    assert!(out.contains("every layer within tolerance"), "{out}");
+    assert!(dir.join("spirals_shadow.png").exists() && dir.join("spirals_shadow.svg").exists());
+    let (w, h, colours) = png_facts(&dir.join("spirals_shadow.png"));
+    assert!(
+        w > 400 && h > 300 && colours > 3,
+        "{w}x{h}, {colours} colours"
+    );
+
+    use fusegrad::shadow::Fault;
+    use fusegrad::{ops, Shadow, ShadowConfig, Tape, Tensor};
+    let shadow = Shadow::new(ShadowConfig {
+        replay_dir: Some(dir.join("replays")),
+        fault: Some(Fault {
+            op: "layer_norm".into(),
+            step: 0,
+            call: 0,
+            result: "y".into(),
+            row: 1,
+            delta: 3.0,
+        }),
+        ..ShadowConfig::every(1)
+    });
+    let tape = Tape::<f32>::new();
+    shadow.watch(&tape, 0);
+    let x: Vec<f32> = (0..24).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+    let x = tape.var(Tensor::from_vec(vec![3, 8], x).unwrap());
+    ops::layer_norm(&x, None, None, 1e-5).unwrap();
+    let file = shadow.sites()[0].replay.clone().expect("a replay file");
+    let (code, out, err) = fusegrad(&["replay", file.to_str().unwrap()]);
+    // Rerun without the fault, the fused and composed paths agree.
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("layer_norm (f32) at layer_norm#0, step 0, call 0: y differed"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("y ") && l.contains("within")),
+        "{out}"
+    );
+    let (code, _, err) = fusegrad(&["replay", dir.join("missing.safetensors").to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("missing.safetensors"), "{err}");
+}
