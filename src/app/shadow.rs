@@ -139,7 +139,7 @@ pub fn plot(sites: &[SiteReport], title: &str) -> LinePlot {
                 .iter()
                 .map(|&(step, r)| (step as f64, r.max(1e-6)))
                 .collect();
-            Series::new(&format!("{} ({})", s.site, s.op), Style::Line, pts)
+            Series::new(format!("{} ({})", s.site, s.op), Style::Line, pts)
         })
         .collect();
     let end = sites

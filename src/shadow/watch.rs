@@ -29,10 +29,13 @@ pub(crate) trait Judge {
     fn settings(&self) -> Vec<(String, String)>;
 }
 
+/// A composed graph on the given leaves.
+pub(crate) type Graph<'a, T> = Box<dyn Fn(&[Var<T>]) -> Result<Var<T>> + 'a>;
+
 /// What a fused op hands the tape for a checked call.
 pub(crate) struct Twin<'a, T: Element> {
     /// The composed twin, on leaves holding the fused op's inputs.
-    pub(crate) composed: Box<dyn Fn(&[Var<T>]) -> Result<Var<T>> + 'a>,
+    pub(crate) composed: Graph<'a, T>,
     pub(crate) judge: Rc<dyn Judge>,
 }
 
