@@ -161,22 +161,30 @@ pub fn plot(sites: &[SiteReport], title: &str) -> LinePlot {
     }
 }
 
-/// Prints the table and writes the plot to `dir/<name>.png` and `.svg`.
+/// With a shadow: prints its table, writes its plot to `dir/<name>.png`
+/// and `.svg` (added to `files`) and returns its sites.
 pub fn finish(
-    shadow: &Shadow,
+    shadow: Option<&Shadow>,
     dir: Option<&Path>,
     name: &str,
     title: &str,
-) -> Result<Vec<PathBuf>> {
-    print(shadow);
-    let Some(dir) = dir else {
+    files: &mut Vec<PathBuf>,
+) -> Result<Vec<SiteReport>> {
+    let Some(shadow) = shadow else {
         return Ok(Vec::new());
     };
-    let files = plot(&shadow.sites(), title).write_both(dir, name)?.to_vec();
-    if let [png, svg] = files.as_slice() {
-        println!("shadow plot: {} and {}", png.display(), svg.display());
+    print(shadow);
+    let sites = shadow.sites();
+    if let Some(dir) = dir {
+        let both = plot(&sites, title).write_both(dir, name)?;
+        println!(
+            "shadow plot: {} and {}",
+            both[0].display(),
+            both[1].display()
+        );
+        files.extend(both);
     }
-    Ok(files)
+    Ok(sites)
 }
 
 /// The report's section: the spiral MLP trained for `steps` with every

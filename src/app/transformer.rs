@@ -300,19 +300,14 @@ pub fn run(o: &Options) -> Result<Summary> {
     if let [png, svg] = plots.as_slice() {
         println!("loss plot: {} and {}", png.display(), svg.display());
     }
-    let shadow_sites = match &shadow {
-        Some(s) => {
-            let title = "Transformer: fused vs composed LayerNorm while training";
-            plots.extend(super::shadow::finish(
-                s,
-                o.plots.as_deref(),
-                "transformer_shadow",
-                title,
-            )?);
-            s.sites()
-        }
-        None => Vec::new(),
-    };
+    let title = "Transformer: fused vs composed LayerNorm while training";
+    let shadow_sites = super::shadow::finish(
+        shadow.as_ref(),
+        o.plots.as_deref(),
+        "transformer_shadow",
+        title,
+        &mut plots,
+    )?;
     Ok(Summary {
         shadow: shadow_sites,
         unigram_bits: uni,
