@@ -128,10 +128,10 @@ const S_R: [[f32; 8]; 3] = [
 
 /// Where the GELU pieces change: below this `|x|` the core polynomial.
 const GELU_SPLIT: f32 = 0.5;
-/// Past this `|x|` the Gaussian factor of the tail underflows f32 even
-/// times the largest `S` (`e^(-14.5^2/2) < 2^-151`): inputs are clamped
-/// here, so infinities give finite intermediate values.
-const GELU_CLAMP: f32 = 14.5;
+/// Past this `|x|` both tails underflow f32 (`15 e^(-15^2/2) / sqrt(2 pi)
+/// < 2^-150`): inputs are clamped here, so infinities give finite
+/// intermediate values and the limits 0 and 1 exactly.
+const GELU_CLAMP: f32 = 15.0;
 
 /// `v` when `c`, else `w`: compiles to a blend.
 #[inline(always)]
@@ -355,7 +355,11 @@ impl<T: Element, F: Fn(f32, f32) -> f32> Kernel<T> for ZipRow<'_, T, F> {
     fn run<V: Lanes<T>>(self) {
         let ZipRow { f, a, b, y } = self;
         let (mut ab, mut bb) = ([0f32; BLOCK], [0f32; BLOCK]);
-        for ((ac, bc), yc) in a.chunks(BLOCK).zip(b.chunks(BLOCK)).zip(y.chunks_mut(BLOCK)) {
+        for ((ac, bc), yc) in a
+            .chunks(BLOCK)
+            .zip(b.chunks(BLOCK))
+            .zip(y.chunks_mut(BLOCK))
+        {
             for ((p, q), (&u, &v)) in ab.iter_mut().zip(bb.iter_mut()).zip(ac.iter().zip(bc)) {
                 *p = to_f32(u);
                 *q = to_f32(v);

@@ -24,7 +24,11 @@ fn ordered(v: f32) -> i64 {
 fn dist(got: f32, want: f64) -> i64 {
     let w = want as f32;
     if w.is_nan() || got.is_nan() {
-        return if w.is_nan() && got.is_nan() { 0 } else { i64::MAX };
+        return if w.is_nan() && got.is_nan() {
+            0
+        } else {
+            i64::MAX
+        };
     }
     if w.is_infinite() || got.is_infinite() {
         return if w == got { 0 } else { i64::MAX };
@@ -72,7 +76,12 @@ fn sigmoid64(x: f64) -> f64 {
     }
 }
 
+/// `x Phi(x)`, with its limits at the infinities (where `x * Phi(x)`
+/// would form `-inf * 0`).
 fn gelu64(x: f64) -> f64 {
+    if x.is_infinite() {
+        return x.max(0.0);
+    }
     x * normal_cdf(x)
 }
 
@@ -88,6 +97,7 @@ fn slope64(x: f64) -> f64 {
 #[test]
 fn exp_is_within_2_ulp_and_ieee_at_the_edges() {
     let (d, at) = worst(&sweep(110.0), exp, f64::exp);
+    eprintln!("worst {}: {d} ulp at {at:e}", "exp");
     assert!(d <= 2, "exp: {d} ulp at {at:e}");
     assert_eq!(exp(f32::INFINITY), f32::INFINITY);
     assert_eq!(exp(89.0), f32::INFINITY);
@@ -102,6 +112,7 @@ fn exp_is_within_2_ulp_and_ieee_at_the_edges() {
 #[test]
 fn log_is_within_2_ulp_and_ieee_at_the_edges() {
     let (d, at) = worst(&sweep(1e4), ln, f64::ln);
+    eprintln!("worst {}: {d} ulp at {at:e}", "log");
     assert!(d <= 2, "log: {d} ulp at {at:e}");
     assert_eq!(ln(0.0), f32::NEG_INFINITY);
     assert_eq!(ln(-0.0), f32::NEG_INFINITY);
@@ -116,6 +127,7 @@ fn log_is_within_2_ulp_and_ieee_at_the_edges() {
 #[test]
 fn tanh_is_within_2_ulp_and_saturates() {
     let (d, at) = worst(&sweep(12.0), tanh, f64::tanh);
+    eprintln!("worst {}: {d} ulp at {at:e}", "tanh");
     assert!(d <= 2, "tanh: {d} ulp at {at:e}");
     assert_eq!(tanh(f32::INFINITY), 1.0);
     assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
@@ -126,6 +138,7 @@ fn tanh_is_within_2_ulp_and_saturates() {
 #[test]
 fn sigmoid_is_within_2_ulp_and_saturates() {
     let (d, at) = worst(&sweep(110.0), sigmoid, sigmoid64);
+    eprintln!("worst {}: {d} ulp at {at:e}", "sigmoid");
     assert!(d <= 2, "sigmoid: {d} ulp at {at:e}");
     assert_eq!(sigmoid(f32::INFINITY), 1.0);
     assert_eq!(sigmoid(f32::NEG_INFINITY), 0.0);
@@ -135,6 +148,7 @@ fn sigmoid_is_within_2_ulp_and_saturates() {
 #[test]
 fn gelu_is_within_2_ulp_of_the_f64_reference() {
     let (d, at) = worst(&sweep(15.0), gelu_erf, gelu64);
+    eprintln!("worst {}: {d} ulp at {at:e}", "gelu");
     assert!(d <= 2, "gelu: {d} ulp at {at:e}");
     assert_eq!(gelu_erf(f32::INFINITY), f32::INFINITY);
     assert_eq!(gelu_erf(f32::NEG_INFINITY), 0.0);
@@ -150,12 +164,12 @@ fn gelu_slope_is_within_3_ulp_or_2_pow_minus_24() {
     // Near its zero at x = -0.7518 no formula keeps relative accuracy:
     // there the bound is absolute, 2^-24 (a unit of 1/2's last place).
     let xs = sweep(15.0);
-    let mut worst_rel = (0, 0.0f32);
+    let mut worst_rel = 0;
     for &x in &xs {
         let (got, want) = (gelu_erf_slope(x), slope64(x as f64));
         let d = dist(got, want);
         if d <= 3 {
-            worst_rel = worst_rel.max((d, x.abs()));
+            worst_rel = worst_rel.max(d);
             continue;
         }
         let abs = (got as f64 - want).abs();
@@ -164,6 +178,8 @@ fn gelu_slope_is_within_3_ulp_or_2_pow_minus_24() {
             "slope at {x:e}: {got:e}, want {want:e} ({d} ulp)"
         );
     }
+    eprintln!("worst slope (relative part): {worst_rel} ulp");
+    assert!(worst_rel <= 3);
     assert_eq!(gelu_erf_slope(f32::INFINITY), 1.0);
     assert_eq!(gelu_erf_slope(f32::NEG_INFINITY), 0.0);
     assert_eq!(gelu_erf_slope(0.0), 0.5);
