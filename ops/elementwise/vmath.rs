@@ -333,7 +333,12 @@ impl<T: Element, F: Fn(f32) -> f32> Kernel<T> for MapRow<'_, T, F> {
             for (b, &e) in xb.iter_mut().zip(xc) {
                 *b = to_f32(e);
             }
-            let yb: [f32; BLOCK] = std::array::from_fn(|i| f(xb[i]));
+            // A plain counted loop: `array::from_fn`'s loop (with its drop
+            // guard) is left scalar once the body is too big to unroll.
+            let mut yb = [0f32; BLOCK];
+            for (o, &v) in yb.iter_mut().zip(&xb) {
+                *o = f(v);
+            }
             for (o, &v) in yc.iter_mut().zip(&yb) {
                 *o = from_f32(v);
             }
@@ -364,7 +369,10 @@ impl<T: Element, F: Fn(f32, f32) -> f32> Kernel<T> for ZipRow<'_, T, F> {
                 *p = to_f32(u);
                 *q = to_f32(v);
             }
-            let yb: [f32; BLOCK] = std::array::from_fn(|i| f(ab[i], bb[i]));
+            let mut yb = [0f32; BLOCK];
+            for (o, (&p, &q)) in yb.iter_mut().zip(ab.iter().zip(&bb)) {
+                *o = f(p, q);
+            }
             for (o, &v) in yc.iter_mut().zip(&yb) {
                 *o = from_f32(v);
             }
