@@ -246,15 +246,9 @@ fn gauss_tail(a: f32) -> (f32, f32, f32, i32) {
     let (p0, p1) = (a < 1.5, a < 3.5);
     let pick = |t: &[f32; 3]| sel(p0, t[0], sel(p1, t[1], t[2]));
     let v = sel(p0, a - S_SHIFT[0], sel(p1, a - S_SHIFT[1], 1.0 / a));
-    // Horner's rule with each coefficient picked in turn (a fixed-count
-    // loop that unrolls; an array built by `from_fn` here kept the
-    // enclosing loop from vectorizing).
-    let mut acc = pick(&[S_R[0][7], S_R[1][7], S_R[2][7]]);
-    for k in (0..7).rev() {
-        acc = acc * v + pick(&[S_R[0][k], S_R[1][k], S_R[2][k]]);
-    }
+    let coef: [f32; 8] = std::array::from_fn(|k| pick(&[S_R[0][k], S_R[1][k], S_R[2][k]]));
     let c0 = pick(&S_C0);
-    let t = pick(&S_C0_LO) + v * acc;
+    let t = pick(&S_C0_LO) + v * horner(&coef, v);
     // -a^2/2 = hi + lo with hi exact: h keeps 12 significant bits of a,
     // so h^2 is exact, and a^2 - h^2 = (a - h)(a + h) is small.
     let h = f32::from_bits(a.to_bits() & 0xFFFF_F000);
