@@ -85,9 +85,10 @@ const SLOPE_CORE: [f32; 6] = [
 ];
 
 /// The Mills-type ratio `S(a) = a Phi(-a) e^(a^2/2)`, smooth and between
-/// 0.17 and `1/sqrt(2 pi)` for `a >= 1/2`, in three pieces: `S = C0 + (C0_LO
-/// + v R(v))` with `v = a - 1` on `[1/2, 3/2)`, `v = a - 5/2` on `[3/2,
-/// 7/2)` (both subtractions exact) and `v = 1/a` beyond. `C0` holds the
+/// 0.17 and `1/sqrt(2 pi)` for `a >= 1/2`, in three pieces:
+/// `S = C0 + (C0_LO + v R(v))` with `v = a - 1` on `[1/2, 3/2)`,
+/// `v = a - 5/2` on `[3/2, 7/2)` (both subtractions exact) and `v = 1/a`
+/// beyond. `C0` holds the
 /// value at the piece's centre to f32 and `C0_LO` the rest, so that the
 /// sum carries ~1/4 ulp of error before its last rounding.
 const S_C0: [f32; 3] = [0.2615783, 0.35332832, INV_SQRT_2PI];

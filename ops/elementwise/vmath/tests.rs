@@ -6,6 +6,11 @@ use super::*;
 use crate::device::cpu::{best_simd, set_simd_limit, Simd, SIMD_TESTS};
 use crate::special::{normal_cdf, normal_pdf};
 
+/// A named f32 function.
+type F32Fn = (&'static str, fn(f32) -> f32);
+/// A unary kind and its f64 reference.
+type Reference = (crate::ops::elementwise::Unary, fn(f64) -> f64);
+
 /// The bit pattern as an integer that increases with the value (-0 and
 /// +0 both 0), so the difference of two is the count of f32 values
 /// between them.
@@ -97,7 +102,7 @@ fn slope64(x: f64) -> f64 {
 #[test]
 fn exp_is_within_2_ulp_and_ieee_at_the_edges() {
     let (d, at) = worst(&sweep(110.0), exp, f64::exp);
-    eprintln!("worst {}: {d} ulp at {at:e}", "exp");
+    eprintln!("worst exp: {d} ulp at {at:e}");
     assert!(d <= 2, "exp: {d} ulp at {at:e}");
     assert_eq!(exp(f32::INFINITY), f32::INFINITY);
     assert_eq!(exp(89.0), f32::INFINITY);
@@ -112,7 +117,7 @@ fn exp_is_within_2_ulp_and_ieee_at_the_edges() {
 #[test]
 fn log_is_within_2_ulp_and_ieee_at_the_edges() {
     let (d, at) = worst(&sweep(1e4), ln, f64::ln);
-    eprintln!("worst {}: {d} ulp at {at:e}", "log");
+    eprintln!("worst log: {d} ulp at {at:e}");
     assert!(d <= 2, "log: {d} ulp at {at:e}");
     assert_eq!(ln(0.0), f32::NEG_INFINITY);
     assert_eq!(ln(-0.0), f32::NEG_INFINITY);
@@ -127,7 +132,7 @@ fn log_is_within_2_ulp_and_ieee_at_the_edges() {
 #[test]
 fn tanh_is_within_2_ulp_and_saturates() {
     let (d, at) = worst(&sweep(12.0), tanh, f64::tanh);
-    eprintln!("worst {}: {d} ulp at {at:e}", "tanh");
+    eprintln!("worst tanh: {d} ulp at {at:e}");
     assert!(d <= 2, "tanh: {d} ulp at {at:e}");
     assert_eq!(tanh(f32::INFINITY), 1.0);
     assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
@@ -138,7 +143,7 @@ fn tanh_is_within_2_ulp_and_saturates() {
 #[test]
 fn sigmoid_is_within_2_ulp_and_saturates() {
     let (d, at) = worst(&sweep(110.0), sigmoid, sigmoid64);
-    eprintln!("worst {}: {d} ulp at {at:e}", "sigmoid");
+    eprintln!("worst sigmoid: {d} ulp at {at:e}");
     assert!(d <= 2, "sigmoid: {d} ulp at {at:e}");
     assert_eq!(sigmoid(f32::INFINITY), 1.0);
     assert_eq!(sigmoid(f32::NEG_INFINITY), 0.0);
@@ -148,7 +153,7 @@ fn sigmoid_is_within_2_ulp_and_saturates() {
 #[test]
 fn gelu_is_within_2_ulp_of_the_f64_reference() {
     let (d, at) = worst(&sweep(15.0), gelu_erf, gelu64);
-    eprintln!("worst {}: {d} ulp at {at:e}", "gelu");
+    eprintln!("worst gelu: {d} ulp at {at:e}");
     assert!(d <= 2, "gelu: {d} ulp at {at:e}");
     assert_eq!(gelu_erf(f32::INFINITY), f32::INFINITY);
     assert_eq!(gelu_erf(f32::NEG_INFINITY), 0.0);
@@ -191,7 +196,7 @@ fn gelu_slope_is_within_3_ulp_or_2_pow_minus_24() {
 fn every_build_gives_the_scalar_bits() {
     let _hold = SIMD_TESTS.lock();
     let x: Vec<f32> = (0..=u32::MAX).step_by(65_537).map(f32::from_bits).collect();
-    let funs: [(&str, fn(f32) -> f32); 6] = [
+    let funs: [F32Fn; 6] = [
         ("exp", exp),
         ("log", ln),
         ("tanh", tanh),
@@ -241,7 +246,7 @@ fn half_types_are_within_1_unit_everywhere() {
                 b
             }
         };
-        let funs: [(Unary, fn(f64) -> f64); 5] = [
+        let funs: [Reference; 5] = [
             (Unary::Exp, f64::exp),
             (Unary::Log, f64::ln),
             (Unary::Tanh, f64::tanh),
@@ -257,7 +262,8 @@ fn half_types_are_within_1_unit_everywhere() {
             &[n],
             &mut dx,
         );
-        let mut outs: Vec<(String, Vec<T>, fn(f64) -> f64)> = funs
+        type Out<T> = (String, Vec<T>, fn(f64) -> f64);
+        let mut outs: Vec<Out<T>> = funs
             .iter()
             .map(|(k, r)| (format!("{k:?}"), unary(*k, &x).to_vec(), *r))
             .collect();
