@@ -1,11 +1,17 @@
 //! CPU loops for the elementwise kinds: the output cut into fixed chunks run
 //! by the thread team, each chunk walked in pieces that lie in one row of
 //! the collapsed broadcast layout. Add, sub and mul over contiguous pieces
-//! run in SIMD lanes with non-temporal stores for large f32 outputs; every
-//! other kind is a scalar loop in the accumulation type.
+//! run in SIMD lanes with non-temporal stores for large f32 outputs; exp,
+//! log, tanh, sigmoid and the exact GELU (forward and slope) of f32, f16
+//! and bf16 run the vectorizable f32 functions of [`super::vmath`]; every
+//! other kind, and every kind of f64, is a scalar loop in the accumulation
+//! type.
 
+use super::vmath::{self, map_row, via_f32, zip_row};
 use super::{Binary, Unary};
-use crate::device::cpu::{dispatch, fence, run_each, should_stream, write_row, Kernel, Lanes};
+use crate::device::cpu::{
+    dispatch, fence, is_f32, run_each, should_stream, write_row, Kernel, Lanes,
+};
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
 use crate::special::{normal_cdf, normal_pdf};
@@ -211,6 +217,12 @@ fn unary_into<T: Element>(k: Unary, x: &[T], lay: &Layout<1>, dst: &mut [T]) {
             let one = a(1.0);
             go!(move |v: Acc<T>| one / v.sqrt())
         }
+        // f32 accumulation: the vectorizable f32 functions.
+        Unary::Exp if is_f32::<Acc<T>>() => fast_map_into(x, lay, dst, vmath::exp),
+        Unary::Log if is_f32::<Acc<T>>() => fast_map_into(x, lay, dst, vmath::ln),
+        Unary::Tanh if is_f32::<Acc<T>>() => fast_map_into(x, lay, dst, vmath::tanh),
+        Unary::Sigmoid if is_f32::<Acc<T>>() => fast_map_into(x, lay, dst, vmath::sigmoid),
+        Unary::GeluErf if is_f32::<Acc<T>>() => fast_map_into(x, lay, dst, vmath::gelu_erf),
         Unary::Exp => go!(|v: Acc<T>| v.exp()),
         Unary::Log => go!(|v: Acc<T>| v.ln()),
         Unary::Tanh => go!(|v: Acc<T>| v.tanh()),
@@ -218,6 +230,26 @@ fn unary_into<T: Element>(k: Unary, x: &[T], lay: &Layout<1>, dst: &mut [T]) {
         Unary::GeluTanh => go!(gelu_tanh::<Acc<T>>),
         Unary::GeluErf => go!(|v: Acc<T>| a(gelu_erf(v.f64()))),
     }
+}
+
+/// [`map_into`] with `f` one of [`vmath`]'s f32 functions, contiguous
+/// pieces in its SIMD build. Only for element types that accumulate in f32.
+fn fast_map_into<T: Element>(
+    x: &[T],
+    lay: &Layout<1>,
+    dst: &mut [T],
+    f: impl Fn(f32) -> f32 + Sync + Copy,
+) {
+    par_chunks(dst, |s, d| {
+        lay.walk(s, d, |d, [o], [st]| {
+            if st == 1 {
+                map_row(f, &x[o..o + d.len()], d);
+            } else {
+                let y = T::from_acc(via_f32::<T>(f, x[o].to_acc()));
+                d.fill(y);
+            }
+        })
+    });
 }
 
 #[inline(always)]
@@ -281,7 +313,55 @@ pub(crate) fn binary<T: Element>(
         Binary::TanhGrad => go!(move |g, y| g * (one - y * y)),
         Binary::SigmoidGrad => go!(move |g, y| g * y * (one - y)),
         Binary::GeluTanhGrad => go!(|g, x| g * gelu_tanh_slope(x)),
+        Binary::GeluErfGrad if is_f32::<Acc<T>>() => {
+            let f = |g: f32, x: f32| g * vmath::gelu_erf_slope(x);
+            let fs = move |g: Acc<T>, x: Acc<T>| g * via_f32::<T>(vmath::gelu_erf_slope, x);
+            par_chunks(dst, |s, d| {
+                lay.walk(s, d, |d, [oa, ob], steps| {
+                    let n = d.len();
+                    if steps == [1, 1] {
+                        zip_row(f, &a[oa..oa + n], &b[ob..ob + n], d);
+                    } else {
+                        zip_piece(a, b, d, [oa, ob], steps, fs);
+                    }
+                })
+            })
+        }
         Binary::GeluErfGrad => go!(move |g, x: Acc<T>| g * c(gelu_erf_slope(x.f64()))),
+    }
+}
+
+/// One piece of [`zip_into`]'s scalar loops: `d[i] = f(a, b)` with each
+/// operand stepping by 1 or 0.
+#[inline(always)]
+fn zip_piece<T: Element>(
+    a: &[T],
+    b: &[T],
+    d: &mut [T],
+    [oa, ob]: [usize; 2],
+    steps: [usize; 2],
+    f: impl Fn(Acc<T>, Acc<T>) -> Acc<T>,
+) {
+    let n = d.len();
+    match steps {
+        [1, 1] => {
+            for ((y, &p), &q) in d.iter_mut().zip(&a[oa..oa + n]).zip(&b[ob..ob + n]) {
+                *y = T::from_acc(f(p.to_acc(), q.to_acc()));
+            }
+        }
+        [1, _] => {
+            let q = b[ob].to_acc();
+            for (y, &p) in d.iter_mut().zip(&a[oa..oa + n]) {
+                *y = T::from_acc(f(p.to_acc(), q));
+            }
+        }
+        [_, 1] => {
+            let p = a[oa].to_acc();
+            for (y, &q) in d.iter_mut().zip(&b[ob..ob + n]) {
+                *y = T::from_acc(f(p, q.to_acc()));
+            }
+        }
+        _ => d.fill(T::from_acc(f(a[oa].to_acc(), b[ob].to_acc()))),
     }
 }
 

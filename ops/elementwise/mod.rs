@@ -10,6 +10,7 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod unary;
+pub(crate) mod vmath;
 
 pub use activation::*;
 pub use binary::*;

@@ -7,6 +7,11 @@
 //! write `y` (12); `mul` backward reads `g`, `a`, `b` and writes `da`,
 //! `db` (20); `add` backward hands `g` on to both inputs, so it moves
 //! nothing and is reported as a time only. The reductions read `x` (4).
+//!
+//! The elementwise functions (`gelu`, `tanh`, `sigmoid`, `exp`, `log`)
+//! read `x` and write `y` forward (8) and read `g` and the saved tensor
+//! (`x` or `y`) and write `dx` backward (12). `log` runs on `|x| + 0.5`
+//! so that its input is positive.
 
 use super::{best_copy, median, reps_for};
 use crate::device::cpu;
@@ -173,6 +178,55 @@ pub fn measure_prims(n: usize, d: usize, budget_s: f64) -> Result<Vec<PrimRow>> 
             let t = Tape::new();
             let (x, y) = (t.var(a.clone()), t.var(b.clone()));
             let out = apply(&x, &y)?;
+            timed(|| out.backward_with(&g)).map(|(grads, s)| {
+                drop(grads);
+                s
+            })
+        };
+        row(
+            format!("{name} bwd"),
+            paired(budget_s, bwd, || best_copy(&mut cp))?,
+            bwd_bytes,
+            "copy",
+        );
+    }
+    // Elementwise functions: forward and backward against a copy of the
+    // bytes each moves.
+    let pos: Tensor<f32> = {
+        let v: Vec<f32> = a.as_slice()?.iter().map(|v| v.abs() + 0.5).collect();
+        Tensor::from_slice(&[n, d], &v)?
+    };
+    type Fun = fn(&Var<f32>) -> Result<Var<f32>>;
+    let funs: [(&str, Fun, &Tensor<f32>); 5] = [
+        ("gelu", ops::gelu, &a),
+        ("tanh", ops::tanh, &a),
+        ("sigmoid", ops::sigmoid, &a),
+        ("exp", ops::exp, &a),
+        ("log", ops::log, &pos),
+    ];
+    for (name, f, x0) in funs {
+        let fwd_bytes = 8.0 * numel as f64;
+        let mut cp = pair(fwd_bytes);
+        let fwd = || {
+            let t = Tape::new();
+            let x = t.var(x0.clone());
+            timed(|| f(&x)).map(|(out, s)| {
+                drop(out);
+                s
+            })
+        };
+        row(
+            format!("{name} fwd"),
+            paired(budget_s, fwd, || best_copy(&mut cp))?,
+            fwd_bytes,
+            "copy",
+        );
+        let bwd_bytes = 12.0 * numel as f64;
+        let mut cp = pair(bwd_bytes);
+        let bwd = || {
+            let t = Tape::new();
+            let x = t.var(x0.clone());
+            let out = f(&x)?;
             timed(|| out.backward_with(&g)).map(|(grads, s)| {
                 drop(grads);
                 s
