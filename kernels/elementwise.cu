@@ -181,7 +181,10 @@ __device__ __forceinline__ double sp_normal_pdf(double x) {
 }
 
 // x Phi(x).
-__device__ __forceinline__ double gelu_erf_f64(double x) { return __dmul_rn(x, sp_normal_cdf(x)); }
+// At -inf (below the largest finite double) the limit 0, as -0, not -inf * 0.
+__device__ __forceinline__ double gelu_erf_f64(double x) {
+    return x < -1.7976931348623157e308 ? -0.0 : __dmul_rn(x, sp_normal_cdf(x));
+}
 
 // Phi(x) + x phi(x); the second term 0 where phi underflows to exactly 0.
 __device__ double gelu_erf_slope_f64(double x) {

@@ -425,7 +425,12 @@ fn special_values_match_the_cpu() {
                 let ok = if a.is_nan() || a.is_infinite() || *a == 0.0 {
                     a.is_nan() && b.is_nan() || a == b
                 } else {
-                    (a - b).abs() <= 1e-5 * a.abs().max(1e-30)
+                    // A gradient made from the saved output (tanh, sigmoid)
+                    // cancels as the output saturates: a 1-ulp difference
+                    // in y moves `g (1 - y^2)` by about `2 g 2^-24`,
+                    // absolute (g = 0.75), whatever its size.
+                    let cancel = if k == 1 { 1e-6 } else { 0.0 };
+                    (a - b).abs() <= 1e-5 * a.abs().max(1e-30) + cancel
                 };
                 assert!(ok, "{name} {what} at x = {}: cpu {a} vs cuda {b}", xs[i]);
             }

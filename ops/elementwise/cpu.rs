@@ -560,7 +560,12 @@ fn gelu_tanh_slope<A: Accum>(x: A) -> A {
 /// exact one rounded once).
 #[inline]
 fn gelu_erf(x: f64) -> f64 {
-    x * normal_cdf(x)
+    // At -inf the limit 0 (as -0), not -inf * 0.
+    if x == f64::NEG_INFINITY {
+        -0.0
+    } else {
+        x * normal_cdf(x)
+    }
 }
 
 /// `Phi(x) + x phi(x)`, with the second term 0 where `phi` underflows to
