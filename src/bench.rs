@@ -27,6 +27,10 @@ pub use cuda::{
 };
 mod prims;
 pub use prims::{measure_prims, run_prims, PrimRow, PRIM_HEADER, PRIM_SHAPES};
+mod train;
+pub use train::{
+    run_train, Breakdown, FamilyRow, Memory, OpRow, TrainBench, TrainBenchConfig, FAMILIES,
+};
 
 use crate::device::cpu;
 use crate::dtype::Element;
