@@ -223,6 +223,7 @@ def run(args):
         "peak_rss_increase_mb": round(max(peak_now - baseline, 0) / 1e6, 1),
         "baseline_rss_mb": round(baseline / 1e6, 1),
         "peak_reset": reset,
+        "load_avg": round(os.getloadavg()[0], 2),
     }
 
 
@@ -250,7 +251,8 @@ def rounds(args):
         print(f"round {k + 1}: " + "; ".join(
             f"{n} {r['tokens_per_s']:,.0f} tok/s, {r['step_ms_median']:.1f} ms, "
             f"peak {r['peak_rss_mb']:.0f} MB (+{r['peak_rss_increase_mb']:.0f})"
-            for n, r in [("fusegrad", fg), ("torch", eager), ("torch-sdpa", sdpa)]), flush=True)
+            for n, r in [("fusegrad", fg), ("torch", eager), ("torch-sdpa", sdpa)])
+            + f"; load {os.getloadavg()[0]:.1f}", flush=True)
     summary = {}
     for key in ["fusegrad", "torch", "torch_sdpa"]:
         rs = [r[key] for r in rows]

@@ -138,6 +138,10 @@ pub struct TrainBench {
     pub tokens_per_s: f64,
     /// Resident memory.
     pub memory: Memory,
+    /// The 1-minute load average at the end (`/proc/loadavg`): on a
+    /// shared machine, above the thread count means the figures are not
+    /// the machine's own.
+    pub load_avg: Option<f64>,
     /// The profiled steps, if any.
     pub breakdown: Option<Breakdown>,
 }
@@ -145,12 +149,14 @@ pub struct TrainBench {
 /// The families of the breakdown, in its order. A Linear's matmul has
 /// output rank 2 or 3, an attention head's rank 4. The last three rows
 /// are remainders of the wall time, not timed.
-pub const FAMILIES: [&str; 20] = [
-    MATMUL, ATT_MATMUL, ATT_FUSED, ATT_MASK, SOFTMAX, NORMS, GELU, ELEMENTWISE, BIAS_SUMS, ACCUM,
-    SHAPE, LOSS, EMBEDDING, OTHER_OPS, OPTIMIZER, CLIP, ALLOC, TAPE_FWD, TAPE_BWD, OTHER,
+pub const FAMILIES: [&str; 21] = [
+    MATMUL, WEIGHT_SUMS, ATT_MATMUL, ATT_FUSED, ATT_MASK, SOFTMAX, NORMS, GELU, ELEMENTWISE,
+    BIAS_SUMS, ACCUM, SHAPE, LOSS, EMBEDDING, OTHER_OPS, OPTIMIZER, CLIP, ALLOC, TAPE_FWD, TAPE_BWD,
+    OTHER,
 ];
 
 const MATMUL: &str = "matmul (Linear layers)";
+const WEIGHT_SUMS: &str = "matmul: per-batch weight gradients summed";
 const ATT_MATMUL: &str = "attention: q k^T and att v matmuls";
 const ATT_FUSED: &str = "attention: fused op";
 const ATT_MASK: &str = "attention: scale and causal mask";
@@ -158,8 +164,8 @@ const SOFTMAX: &str = "softmax";
 const NORMS: &str = "norms (LayerNorm)";
 const GELU: &str = "GELU";
 const ELEMENTWISE: &str = "elementwise: residual and bias adds, other";
-const BIAS_SUMS: &str = "broadcast sums (bias gradients)";
-const ACCUM: &str = "gradient accumulation";
+const BIAS_SUMS: &str = "broadcast sums (bias and norm gradients)";
+const ACCUM: &str = "gradient accumulation (sweep)";
 const SHAPE: &str = "shape copies (permute, transpose, narrow)";
 const LOSS: &str = "loss (cross-entropy)";
 const EMBEDDING: &str = "embedding";
@@ -174,6 +180,7 @@ const OTHER: &str = "other: gradient read-out, freeing the tape (rest)";
 /// The family an op's tally counts in.
 fn family(k: &Key) -> &'static str {
     match (k.phase, k.op) {
+        (Phase::SumToShape, "matmul") => WEIGHT_SUMS,
         (Phase::SumToShape, _) => BIAS_SUMS,
         (Phase::Accumulate, _) => ACCUM,
         (_, "matmul") if k.rank == 4 => ATT_MATMUL,
@@ -308,6 +315,9 @@ pub fn run_train(config: &TrainBenchConfig) -> Result<TrainBench> {
         median_s,
         step_s,
         memory,
+        load_avg: std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok()),
         breakdown: (prof.steps > 0).then(|| breakdown(&prof)),
     })
 }
@@ -457,7 +467,8 @@ impl TrainBench {
             "{{\"bench\":\"train\",\"framework\":\"fusegrad\",\"layers\":{},\"heads\":{},\"width\":{},\
              \"context\":{},\"batch\":{},\"vocab\":{},\"threads\":{},\"warmup\":{},\"steps\":{},\
              \"step_ms_median\":{},\"step_ms_min\":{},\"step_ms_max\":{},\"tokens_per_s\":{},\
-             \"peak_rss_mb\":{},\"peak_rss_increase_mb\":{},\"baseline_rss_mb\":{},\"peak_reset\":{}",
+             \"peak_rss_mb\":{},\"peak_rss_increase_mb\":{},\"baseline_rss_mb\":{},\"peak_reset\":{},\
+             \"load_avg\":{}",
             m.layers,
             m.heads,
             m.width,
@@ -475,6 +486,7 @@ impl TrainBench {
             num(mb(self.memory.peak_increase), 1),
             num(mb(self.memory.baseline), 1),
             self.memory.reset,
+            self.load_avg.map_or("null".into(), |l| num(l, 2)),
         );
         if let Some(b) = &self.breakdown {
             let fams: Vec<String> = b
@@ -521,7 +533,7 @@ impl fmt::Display for TrainBench {
         writeln!(
             f,
             "model: {} layers, {} heads, width {}, context {}, vocabulary {}; batch {}; f32, fused \
-             LayerNorm, AdamW, clip {}; {} threads",
+             LayerNorm, AdamW, clip {:.1}; {} threads",
             m.layers,
             m.heads,
             m.width,
@@ -549,6 +561,9 @@ impl fmt::Display for TrainBench {
             sorted[sorted.len() - 1] * 1e3,
             self.tokens_per_s
         )?;
+        if let Some(l) = self.load_avg {
+            writeln!(f, "load average (1 min) at the end: {l:.2}")?;
+        }
         let mem = &self.memory;
         writeln!(
             f,
@@ -621,6 +636,7 @@ mod tests {
         assert_eq!(family(&k("matmul", Phase::Forward, 3)), MATMUL);
         assert_eq!(family(&k("matmul", Phase::Backward, 4)), ATT_MATMUL);
         assert_eq!(family(&k("add", Phase::SumToShape, 1)), BIAS_SUMS);
+        assert_eq!(family(&k("matmul", Phase::SumToShape, 2)), WEIGHT_SUMS);
         assert_eq!(family(&k("scalar_mul", Phase::Forward, 4)), ATT_MASK);
         assert_eq!(family(&k("scalar_mul", Phase::Forward, 2)), ELEMENTWISE);
         assert_eq!(family(&k("gelu", Phase::Backward, 3)), GELU);
