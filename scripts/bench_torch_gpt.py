@@ -252,7 +252,8 @@ def rounds(args):
             f"{n} {r['tokens_per_s']:,.0f} tok/s, {r['step_ms_median']:.1f} ms, "
             f"peak {r['peak_rss_mb']:.0f} MB (+{r['peak_rss_increase_mb']:.0f})"
             for n, r in [("fusegrad", fg), ("torch", eager), ("torch-sdpa", sdpa)])
-            + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+            + f"; load {os.getloadavg()[0]:.1f}", flush=True,
+            file=sys.stderr if args.json else sys.stdout)
     summary = {}
     for key in ["fusegrad", "torch", "torch_sdpa"]:
         rs = [r[key] for r in rows]

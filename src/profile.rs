@@ -164,7 +164,10 @@ mod tests {
         let ops = take_ops();
         assert_eq!(ops.len(), 1);
         let (k, t) = ops[0];
-        assert_eq!((k.op, k.phase, k.rank, t.calls), ("matmul", Phase::Forward, 3, 1));
+        assert_eq!(
+            (k.op, k.phase, k.rank, t.calls),
+            ("matmul", Phase::Forward, 3, 1)
+        );
         // The sleep was allocation time, so the op's own is well under it.
         assert!(t.ns < 1_000_000, "{t:?}");
         assert!(alloc_so_far().0 >= 2_000_000);

@@ -270,7 +270,9 @@ fn command_line_errors_are_clear() {
 
 #[test]
 fn bench_train_reports_speed_memory_and_a_breakdown_that_adds_up() {
-    let args = ["bench", "--train", "--json", "--steps", "2", "--warmup", "1"];
+    let args = [
+        "bench", "--train", "--json", "--steps", "2", "--warmup", "1",
+    ];
     let (code, out, err) = fusegrad(&[&args[..], &["--profile-every", "1"]].concat());
     assert_eq!(code, 0, "{err}");
     let json = out.trim();
@@ -295,14 +297,25 @@ fn bench_train_reports_speed_memory_and_a_breakdown_that_adds_up() {
     let wall = b["wall_ms"].as_f64().unwrap();
     let fams = b["families"].as_array().unwrap();
     let sum: f64 = fams.iter().map(|f| f["ms"].as_f64().unwrap()).sum();
-    assert!((sum - wall).abs() <= 0.01 * wall, "rows {sum} ms, wall {wall} ms");
+    assert!(
+        (sum - wall).abs() <= 0.01 * wall,
+        "rows {sum} ms, wall {wall} ms"
+    );
     let ms = |name: &str| {
-        let row = fams.iter().find(|f| f["family"].as_str().unwrap().starts_with(name));
+        let row = fams
+            .iter()
+            .find(|f| f["family"].as_str().unwrap().starts_with(name));
         row.unwrap_or_else(|| panic!("no family {name}: {json}"))["ms"]
             .as_f64()
             .unwrap()
     };
-    for family in ["matmul (Linear", "attention: q k^T", "softmax", "norms", "GELU"] {
+    for family in [
+        "matmul (Linear",
+        "attention: q k^T",
+        "softmax",
+        "norms",
+        "GELU",
+    ] {
         assert!(ms(family) > 0.0, "{family}: {json}");
     }
     assert!(ms("optimizer") > 0.0 && ms("gradient clipping") > 0.0);
@@ -312,13 +325,23 @@ fn bench_train_reports_speed_memory_and_a_breakdown_that_adds_up() {
         ops.iter()
             .any(|o| o["op"].as_str() == Some(op) && o["phase"].as_str() == Some(phase))
     };
-    for op in ["matmul", "layer_norm", "gelu", "softmax", "cross_entropy", "embedding"] {
+    for op in [
+        "matmul",
+        "layer_norm",
+        "gelu",
+        "softmax",
+        "cross_entropy",
+        "embedding",
+    ] {
         assert!(seen(op, "forward") && seen(op, "backward"), "{op}: {json}");
     }
     // Without profiled steps there is no breakdown.
     let (code, out, err) = fusegrad(&[&args[..], &["--profile-every", "0"]].concat());
     assert_eq!(code, 0, "{err}");
-    assert!(!out.contains("breakdown") && out.contains("tokens_per_s"), "{out}");
+    assert!(
+        !out.contains("breakdown") && out.contains("tokens_per_s"),
+        "{out}"
+    );
     // The CPU bench takes no GPU or per-shape options.
     let (code, _, err) = fusegrad(&["bench", "--steps", "2"]);
     assert_eq!(code, 2, "{err}");

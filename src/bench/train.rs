@@ -150,8 +150,26 @@ pub struct TrainBench {
 /// output rank 2 or 3, an attention head's rank 4. The last three rows
 /// are remainders of the wall time, not timed.
 pub const FAMILIES: [&str; 21] = [
-    MATMUL, WEIGHT_SUMS, ATT_MATMUL, ATT_FUSED, ATT_MASK, SOFTMAX, NORMS, GELU, ELEMENTWISE,
-    BIAS_SUMS, ACCUM, SHAPE, LOSS, EMBEDDING, OTHER_OPS, OPTIMIZER, CLIP, ALLOC, TAPE_FWD, TAPE_BWD,
+    MATMUL,
+    WEIGHT_SUMS,
+    ATT_MATMUL,
+    ATT_FUSED,
+    ATT_MASK,
+    SOFTMAX,
+    NORMS,
+    GELU,
+    ELEMENTWISE,
+    BIAS_SUMS,
+    ACCUM,
+    SHAPE,
+    LOSS,
+    EMBEDDING,
+    OTHER_OPS,
+    OPTIMIZER,
+    CLIP,
+    ALLOC,
+    TAPE_FWD,
+    TAPE_BWD,
     OTHER,
 ];
 
