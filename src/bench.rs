@@ -27,6 +27,11 @@ pub use cuda::{
 };
 mod prims;
 pub use prims::{measure_prims, run_prims, PrimRow, PRIM_HEADER, PRIM_SHAPES};
+mod train;
+pub use train::{
+    run_shadow_cost, run_train, Breakdown, FamilyRow, Memory, OpRow, ShadowCost, TrainBench,
+    TrainBenchConfig, FAMILIES,
+};
 
 use crate::device::cpu;
 use crate::dtype::Element;

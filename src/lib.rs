@@ -14,6 +14,7 @@ pub mod mask;
 pub mod nn;
 pub mod op;
 pub mod plot;
+pub(crate) mod profile;
 pub mod report;
 pub mod rng;
 pub mod shadow;

@@ -1,8 +1,9 @@
 //! The `fusegrad` command: checks, demonstrates and benchmarks.
 //!
 //! `fusegrad` runs the whole report; `fusegrad check`, `fusegrad stability
-//! [--plot FILE]` and `fusegrad bench [--json] [--prims] [--device cpu|cuda]
-//! [--shapes NxD,...] [--reps N]` run one part; `fusegrad train
+//! [--plot FILE]`, `fusegrad bench [--json] [--prims] [--device cpu|cuda]
+//! [--shapes NxD,...] [--reps N]` and `fusegrad bench --train [--json]
+//! [--steps N] [--warmup N] [--profile-every K]` run one part; `fusegrad train
 //! spirals|transformer [OPTIONS]` trains with a progress bar and writes loss
 //! plots; `fusegrad replay FILE` reruns a shadow check's replay file. `fusegrad --help` says the same.
 //! Exit status: 0 done, 1 a failed check or an error, 2 a usage error.
@@ -110,6 +111,34 @@ fn prims_only() -> Result<()> {
     println!("{}", bench::PRIM_HEADER);
     for r in bench::run_prims(1.0)? {
         println!("{r}");
+    }
+    Ok(())
+}
+
+/// `bench --train`: the training step's speed, memory and breakdown.
+fn train_bench(a: &clap::ArgMatches) -> Result<()> {
+    let d = bench::TrainBenchConfig::default();
+    let get = |id: &str, default: usize| a.get_one::<u32>(id).map_or(default, |&v| v as usize);
+    let config = bench::TrainBenchConfig {
+        steps: get("steps", d.steps),
+        warmup: get("warmup", d.warmup),
+        profile_every: get("profile-every", d.profile_every),
+        ..d
+    };
+    if let Some(&every) = a.get_one::<u32>("shadow") {
+        let pairs = a.get_one::<u32>("pairs").map_or(3, |&p| p as usize);
+        print!(
+            "{}",
+            bench::run_shadow_cost(&config, every as usize, pairs)?
+        );
+        return Ok(());
+    }
+    let r = bench::run_train(&config)?;
+    if a.get_flag("json") {
+        println!("{}", r.json());
+    } else {
+        section("Benchmark: the default transformer's training step (f32, CPU)");
+        print!("{r}");
     }
     Ok(())
 }
@@ -343,6 +372,47 @@ fn cli() -> Command {
                 .about("Fused LayerNorm fwd+bwd against a same-run copy and the composed twin, all eight shapes; then the primitive ops")
                 .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("JSON instead of tables; with --device cuda, JSON Lines: a header object, then one object per row as it is measured"))
                 .arg(Arg::new("prims").long("prims").action(ArgAction::SetTrue).help("Only the primitive ops"))
+                .arg(Arg::new("train").long("train").action(ArgAction::SetTrue).conflicts_with("prims").help("Instead: the default transformer's training step (forward, backward, clip, AdamW): tokens/s, peak memory and a breakdown by op family"))
+                .arg(
+                    Arg::new("steps")
+                        .long("steps")
+                        .value_name("N")
+                        .requires("train")
+                        .value_parser(value_parser!(u32).range(1..=1_000_000))
+                        .help("With --train: timed steps, median reported (default 80)"),
+                )
+                .arg(
+                    Arg::new("warmup")
+                        .long("warmup")
+                        .value_name("N")
+                        .requires("train")
+                        .value_parser(value_parser!(u32).range(0..=1_000_000))
+                        .help("With --train: untimed steps first (default 5)"),
+                )
+                .arg(
+                    Arg::new("shadow")
+                        .long("shadow")
+                        .value_name("EVERY")
+                        .requires("train")
+                        .value_parser(value_parser!(u32).range(1..=1_000_000))
+                        .help("With --train: instead, the shadow check's cost: blocks of EVERY steps, plain and with their first step checked, alternating; the mean step's overhead"),
+                )
+                .arg(
+                    Arg::new("pairs")
+                        .long("pairs")
+                        .value_name("N")
+                        .requires("shadow")
+                        .value_parser(value_parser!(u32).range(1..=1_000))
+                        .help("With --shadow: alternating pairs of blocks (default 3)"),
+                )
+                .arg(
+                    Arg::new("profile-every")
+                        .long("profile-every")
+                        .value_name("K")
+                        .requires("train")
+                        .value_parser(value_parser!(u32).range(0..=1_000_000))
+                        .help("With --train: a profiled step after every K timed ones, for the breakdown; 0: no breakdown (default 4)"),
+                )
                 .arg(
                     Arg::new("device")
                         .long("device")
@@ -433,7 +503,16 @@ fn run() -> Result<bool> {
         Some(("bench", a)) => {
             let shapes = a.get_one::<Vec<(usize, usize)>>("shapes");
             let reps = a.get_one::<u32>("reps").map(|&r| r as usize);
-            if a.get_one::<String>("device").map(String::as_str) == Some("cuda") {
+            let cuda = a.get_one::<String>("device").map(String::as_str) == Some("cuda");
+            if cuda && a.get_flag("train") {
+                cli()
+                    .error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        "`bench --train` runs on the CPU only",
+                    )
+                    .exit();
+            }
+            if cuda {
                 let first = first_result()?;
                 return bench_cuda(a.get_flag("json"), &first, shapes.map(Vec::as_slice), reps);
             }
@@ -445,7 +524,9 @@ fn run() -> Result<bool> {
                     )
                     .exit();
             }
-            if a.get_flag("prims") {
+            if a.get_flag("train") {
+                train_bench(a).map(|_| true)
+            } else if a.get_flag("prims") {
                 prims_only().map(|_| true)
             } else {
                 benchmark(true, a.get_flag("json")).map(|_| true)

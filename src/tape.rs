@@ -21,6 +21,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{Op, Saved, SavedItem};
 use crate::ops::elementwise::{Binary, Unary};
+use crate::profile::Phase;
 use crate::shadow::{Side, Twin, Watch};
 use crate::shape::sum_to_shape;
 use crate::tensor::{Dims, Tensor};
@@ -399,7 +400,9 @@ impl<T: Element> Tape<T> {
             many = inputs.iter().map(|v| &v.value).collect();
             &many
         };
+        let span = crate::profile::start();
         let (value, state) = op.forward(tensors)?;
+        crate::profile::stop(span, name, Phase::Forward, value.shape().len());
         let tape = first.tape.clone();
         let kind = if requires_grad {
             Kind::Op {
@@ -441,7 +444,9 @@ impl<T: Element> Tape<T> {
             let Some(g) = grads[i].take() else { continue };
             needs.clear();
             needs.extend(inputs.iter().map(|&j| nodes[j].requires_grad));
+            let span = crate::profile::start();
             let gin = bw.backward(&g, &needs)?;
+            crate::profile::stop(span, bw.name(), Phase::Backward, node.shape.len());
             grads[i] = Some(g);
             if gin.len() != inputs.len() {
                 return Err(Error::InvalidArgument {
@@ -461,10 +466,18 @@ impl<T: Element> Tape<T> {
                 let Some(gj) = gj else {
                     return Err(Error::NoBackward { op: bw.name() });
                 };
+                let rank = nodes[j].shape.len();
+                let span = crate::profile::start();
                 let gj = sum_to_shape(bw.name(), &gj, &nodes[j].shape)?;
+                crate::profile::stop(span, bw.name(), Phase::SumToShape, rank);
                 grads[j] = Some(match grads[j].take() {
                     None => gj,
-                    Some(acc) => accumulate(acc, &gj)?,
+                    Some(acc) => {
+                        let span = crate::profile::start();
+                        let sum = accumulate(acc, &gj)?;
+                        crate::profile::stop(span, "accumulate", Phase::Accumulate, rank);
+                        sum
+                    }
                 });
             }
         }

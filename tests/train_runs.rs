@@ -339,3 +339,110 @@ fn shadow_table_plot_and_replay_on_the_command_line() {
     assert_eq!(code, 1);
     assert!(err.contains("missing.safetensors"), "{err}");
 }
+
+#[test]
+fn bench_train_reports_speed_memory_and_a_breakdown_that_adds_up() {
+    let args = [
+        "bench", "--train", "--json", "--steps", "2", "--warmup", "1",
+    ];
+    let (code, out, err) = fusegrad(&[&args[..], &["--profile-every", "1"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let json = out.trim();
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let median = v["step_ms_median"].as_f64().unwrap();
+    let tps = v["tokens_per_s"].as_f64().unwrap();
+    assert!(median > 0.0 && tps > 0.0, "{json}");
+    // tokens/s is batch * context over the median step.
+    let tokens = v["batch"].as_f64().unwrap() * v["context"].as_f64().unwrap();
+    assert!((tps - tokens / (median / 1e3)).abs() / tps < 1e-3, "{json}");
+    assert_eq!(v["steps"].as_u64(), Some(2));
+    assert!(v["vocab"].as_u64().unwrap() > 10);
+    if cfg!(target_os = "linux") {
+        let peak = v["peak_rss_mb"].as_f64().unwrap();
+        let rise = v["peak_rss_increase_mb"].as_f64().unwrap();
+        assert!(peak > 0.0 && rise > 0.0 && rise <= peak, "{json}");
+    }
+    // Two profiled steps; their rows add up to their wall time, and the
+    // step's big families were seen.
+    let b = &v["breakdown"];
+    assert_eq!(b["steps"].as_u64(), Some(2), "{json}");
+    let wall = b["wall_ms"].as_f64().unwrap();
+    let fams = b["families"].as_array().unwrap();
+    let sum: f64 = fams.iter().map(|f| f["ms"].as_f64().unwrap()).sum();
+    assert!(
+        (sum - wall).abs() <= 0.01 * wall,
+        "rows {sum} ms, wall {wall} ms"
+    );
+    let ms = |name: &str| {
+        let row = fams
+            .iter()
+            .find(|f| f["family"].as_str().unwrap().starts_with(name));
+        row.unwrap_or_else(|| panic!("no family {name}: {json}"))["ms"]
+            .as_f64()
+            .unwrap()
+    };
+    for family in [
+        "matmul (Linear",
+        "attention: q k^T",
+        "softmax",
+        "norms",
+        "GELU",
+    ] {
+        assert!(ms(family) > 0.0, "{family}: {json}");
+    }
+    assert!(ms("optimizer") > 0.0 && ms("gradient clipping") > 0.0);
+    // Each op of the model, forward and backward, is tallied.
+    let ops = b["ops"].as_array().unwrap();
+    let seen = |op: &str, phase: &str| {
+        ops.iter()
+            .any(|o| o["op"].as_str() == Some(op) && o["phase"].as_str() == Some(phase))
+    };
+    for op in [
+        "matmul",
+        "layer_norm",
+        "gelu",
+        "softmax",
+        "cross_entropy",
+        "embedding",
+    ] {
+        assert!(seen(op, "forward") && seen(op, "backward"), "{op}: {json}");
+    }
+    // The shadow check's cost: one pair of 2-step blocks, every layer in
+    // tolerance, a finite overhead.
+    let cost = [
+        "bench", "--train", "--warmup", "1", "--shadow", "2", "--pairs", "1",
+    ];
+    let (code, out, err) = fusegrad(&cost);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("shadow check every 2 steps: "));
+    let line = line.unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.ends_with("every layer within tolerance: true"),
+        "{line}"
+    );
+    let pct: f64 = line
+        .split(": ")
+        .nth(1)
+        .unwrap()
+        .split('%')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(pct.is_finite() && pct > -90.0, "{line}");
+    // Without profiled steps there is no breakdown.
+    let (code, out, err) = fusegrad(&[&args[..], &["--profile-every", "0"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.contains("breakdown") && out.contains("tokens_per_s"),
+        "{out}"
+    );
+    // The CPU bench takes no GPU or per-shape options.
+    let (code, _, err) = fusegrad(&["bench", "--steps", "2"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = fusegrad(&["bench", "--train", "--device", "cuda"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("CPU only"), "{err}");
+}

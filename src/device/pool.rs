@@ -163,6 +163,13 @@ impl<T: Element> Pool<T> {
     /// A vector of length `n`. Its contents are unspecified (stale values of
     /// a recycled buffer, or zeros): callers overwrite every element.
     pub fn take(&self, n: usize) -> Vec<T> {
+        let t = crate::profile::alloc_start();
+        let v = self.take_untimed(n);
+        crate::profile::alloc_stop(t);
+        v
+    }
+
+    fn take_untimed(&self, n: usize) -> Vec<T> {
         if n * std::mem::size_of::<T>() >= MIN_POOLED_BYTES && enabled() {
             if let Ok(mut g) = self.free.lock() {
                 g.takes += 1;
@@ -184,6 +191,12 @@ impl<T: Element> Pool<T> {
 
     /// Returns a buffer for reuse (kept only if large and the cache has room).
     pub fn give(&self, v: Vec<T>) {
+        let t = crate::profile::alloc_start();
+        self.give_untimed(v);
+        crate::profile::alloc_stop(t);
+    }
+
+    fn give_untimed(&self, v: Vec<T>) {
         let size = |v: &Vec<T>| std::mem::size_of_val(v.as_slice());
         let bytes = size(&v);
         if bytes < MIN_POOLED_BYTES || v.len() != v.capacity() || !enabled() {
@@ -301,11 +314,16 @@ impl<T: Element> Buffer<T> {
     /// `n` copies of `x`, 64-byte aligned, or `None` if the allocator
     /// refuses the memory.
     pub(crate) fn try_filled(n: usize, x: T) -> Option<Self> {
-        let mut v = Vec::new();
-        v.try_reserve_exact(n.checked_add(Self::PAD)?).ok()?;
-        advise_unused(&mut v);
-        v.resize(n + Self::PAD, x);
-        Some(Self::within(v, n))
+        let t = crate::profile::alloc_start();
+        let v = (|| {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n.checked_add(Self::PAD)?).ok()?;
+            advise_unused(&mut v);
+            v.resize(n + Self::PAD, x);
+            Some(v)
+        })();
+        crate::profile::alloc_stop(t);
+        Some(Self::within(v?, n))
     }
 
     /// A user's vector, as it is.

@@ -245,14 +245,7 @@ pub fn train_observed(
             ),
         });
     }
-    let mut rng = Rng::new(config.seed ^ 0xba7c4);
-    let mut opt = AdamW::with_lr(config.lr)?;
-    let schedule = WarmupCosine::new(
-        config.lr,
-        config.lr / 10.0,
-        config.warmup.min(config.steps) as u64,
-        config.steps.max(1) as u64,
-    )?;
+    let mut stepper = Stepper::new(config, &shape)?;
     let (b, t) = (config.batch, shape.context);
     // Fixed validation windows, so that every evaluation sees the same text.
     let mut vrng = Rng::new(config.seed ^ 0x5eed);
@@ -283,19 +276,8 @@ pub fn train_observed(
         if step % config.eval_every.max(1) == 0 {
             eval(&model, step, obs)?;
         }
-        let (x, y) = CharData::batch(&data.train, b, t, &mut rng);
-        let tape = Tape::new();
-        if let Some(s) = obs.shadow() {
-            s.watch(&tape, step);
-        }
-        let p = model.bind(&tape);
-        let loss = model.loss(&p, &x, &y, b, t)?;
-        let value = scalar(loss.value())?;
+        let value = stepper.step(&mut model, data, step, obs.shadow(), &mut |_| {})?;
         losses.push(value);
-        let mut g = p.grads(&loss.backward()?)?;
-        clip_grad_norm(&mut g, config.clip)?;
-        opt.set_lr(schedule.lr(step as u64))?;
-        opt.update(&mut model.params_mut(), &g)?;
         step += 1;
         obs.on_step(&Step {
             step,
@@ -313,6 +295,90 @@ pub fn train_observed(
         evals,
         model,
     })
+}
+
+/// The parts of a training step, in the order [`Stepper::step`] ends them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepPart {
+    /// Drawing the batch, binding the parameters, the forward to the loss.
+    Forward,
+    /// The reverse sweep.
+    Backward,
+    /// Reading each parameter's gradient off the sweep.
+    Grads,
+    /// [`clip_grad_norm`].
+    Clip,
+    /// The learning-rate schedule and the AdamW update.
+    Update,
+}
+
+/// What persists across the steps of [`train_observed`]: the batch stream,
+/// AdamW and the schedule. The one definition of a training step, so that
+/// `fusegrad bench --train` times exactly the step that training runs.
+pub(crate) struct Stepper {
+    rng: Rng,
+    opt: AdamW<f32>,
+    schedule: WarmupCosine,
+    batch: usize,
+    context: usize,
+    clip: f64,
+}
+
+impl Stepper {
+    /// The state before step 0 of a run of `config` on a model of `shape`.
+    pub(crate) fn new(config: &CharLmConfig, shape: &GptConfig) -> Result<Self> {
+        Ok(Stepper {
+            rng: Rng::new(config.seed ^ 0xba7c4),
+            opt: AdamW::with_lr(config.lr)?,
+            schedule: WarmupCosine::new(
+                config.lr,
+                config.lr / 10.0,
+                config.warmup.min(config.steps) as u64,
+                config.steps.max(1) as u64,
+            )?,
+            batch: config.batch,
+            context: shape.context,
+            clip: config.clip,
+        })
+    }
+
+    /// Step `step` (from 0): a batch, forward, backward, gradient clipping
+    /// and the AdamW update of `model`; returns the batch's mean loss in
+    /// nats. `mark` is told as each [`StepPart`] ends; the tape is dropped
+    /// after the last.
+    pub(crate) fn step(
+        &mut self,
+        model: &mut Gpt<f32>,
+        data: &CharData,
+        step: usize,
+        shadow: Option<&crate::Shadow>,
+        mark: &mut dyn FnMut(StepPart),
+    ) -> Result<f64> {
+        let (b, t) = (self.batch, self.context);
+        let (x, y) = CharData::batch(&data.train, b, t, &mut self.rng);
+        let tape = Tape::new();
+        if let Some(s) = shadow {
+            s.watch(&tape, step);
+        }
+        let p = model.bind(&tape);
+        let loss = model.loss(&p, &x, &y, b, t)?;
+        let value = scalar(loss.value())?;
+        mark(StepPart::Forward);
+        let swept = loss.backward()?;
+        mark(StepPart::Backward);
+        let mut g = p.grads(&swept)?;
+        // Every node's gradient goes now, as in a one-line
+        // `p.grads(&loss.backward()?)`: the update's peak memory is not
+        // inflated by them.
+        drop(swept);
+        mark(StepPart::Grads);
+        clip_grad_norm(&mut g, self.clip)?;
+        mark(StepPart::Clip);
+        self.opt.set_lr(self.schedule.lr(step as u64))?;
+        self.opt.update(&mut model.params_mut(), &g)?;
+        mark(StepPart::Update);
+        Ok(value)
+    }
 }
 
 /// `n` characters sampled after `prompt` at `temperature` (characters not
