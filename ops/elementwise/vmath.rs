@@ -180,7 +180,7 @@ fn round_int(v: f32) -> (i32, f32) {
 /// exact), `e^r = 1 + r + r^2 Q(r)`, scaled by `2^n`. Overflows to +inf
 /// past 88.72, is 0 below -103.98, keeps NaN.
 #[inline(always)]
-pub fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     // Clamped so that `n` stays in `scale`'s range; NaN fails both tests.
     let xc = sel(x < -104.0, -104.0, sel(x > 89.0, 89.0, x));
     let (ni, n) = round_int(xc * LOG2E);
@@ -194,7 +194,7 @@ pub fn exp(x: f32) -> f32 {
 /// 2 atanh s - 2 s`. Subnormals are scaled by 2^23 first; `ln 0 = -inf`,
 /// `ln(x < 0) = NaN`, `ln inf = inf`, NaN stays NaN.
 #[inline(always)]
-pub fn ln(x: f32) -> f32 {
+pub(crate) fn ln(x: f32) -> f32 {
     let sub = x < f32::MIN_POSITIVE;
     let xs = sel(sub, x * 8_388_608.0, x);
     // Moves mantissas at or above sqrt 2 into the next binade.
@@ -218,7 +218,7 @@ pub fn ln(x: f32) -> f32 {
 /// with `e = e^(-2|x|)` (no cancellation there: `e <= 0.29`); the sign
 /// is copied from `x` (so `tanh -0 = -0`), NaN stays NaN.
 #[inline(always)]
-pub fn tanh(x: f32) -> f32 {
+pub(crate) fn tanh(x: f32) -> f32 {
     let a = x.abs();
     let z = a * a;
     let small = a + (a * z) * horner(&TANH_P, z);
@@ -231,7 +231,7 @@ pub fn tanh(x: f32) -> f32 {
 /// `1 / (1 + e^-x)` as `1 / (1 + e)` or `e / (1 + e)` with `e = e^-|x|`
 /// (which never overflows); 0 at -inf, 1 at +inf, NaN stays NaN.
 #[inline(always)]
-pub fn sigmoid(x: f32) -> f32 {
+pub(crate) fn sigmoid(x: f32) -> f32 {
     let e = exp(-x.abs());
     sel(x >= 0.0, 1.0, e) / (1.0 + e)
 }
@@ -274,7 +274,7 @@ fn gauss_tail(a: f32) -> (f32, f32, f32, i32) {
 /// accuracy all the way into the subnormals) and `x - a Phi(-a)` for
 /// positive. `gelu(-inf) = -0`, `gelu(inf) = inf`, NaN stays NaN.
 #[inline(always)]
-pub fn gelu_erf(x: f32) -> f32 {
+pub(crate) fn gelu_erf(x: f32) -> f32 {
     let a = x.abs();
     let core = x * (0.5 + x * horner(&GELU_CORE, x * x));
     let (_, rest, _, n) = gauss_tail(a);
@@ -288,7 +288,7 @@ pub fn gelu_erf(x: f32) -> f32 {
 /// a phi(a) - Phi(-a)`), `-e^(-a^2/2) G` for negative `x` and `1 + e^(-a^2/2)
 /// G` for positive. 0 at -inf (as -0), 1 at +inf, NaN stays NaN.
 #[inline(always)]
-pub fn gelu_erf_slope(x: f32) -> f32 {
+pub(crate) fn gelu_erf_slope(x: f32) -> f32 {
     let a = x.abs();
     let core = 0.5 + x * horner(&SLOPE_CORE, x * x);
     let (s, _, w, n) = gauss_tail(a);

@@ -164,6 +164,17 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>, ta: bool, tb: bool) -> Result<T
     }
 }
 
+/// The rows of `a` when `a` is `[..., m, k]` (rank 3 or more) and `b` a
+/// plain `[k, n]` matrix: then the product is one `[rows, k] @ [k, n]`
+/// (tensors are stored row-major, so the reshape is free), and `b`'s
+/// gradient needs no sum over the batch. `None` otherwise, or when the
+/// shapes do not match (the general path reports that).
+fn flat_rows<T: Element>(a: &Tensor<T>, b: &Tensor<T>) -> Option<usize> {
+    let (sa, sb) = (a.shape(), b.shape());
+    (sa.len() >= 3 && sb.len() == 2 && sa[sa.len() - 1] == sb[0] && sb[0] > 0)
+        .then(|| a.numel() / sb[0])
+}
+
 struct Matmul;
 
 impl<T: Element> Op<T> for Matmul {
@@ -184,7 +195,17 @@ impl<T: Element> Op<T> for Matmul {
                 msg: format!("expects 2 inputs, got {}", x.len()),
             });
         };
-        let y = bmm(a, b, false, false)?;
+        let y = match flat_rows(a, b) {
+            Some(rows) => {
+                let k = a.shape()[a.shape().len() - 1];
+                let mut shape = a.shape().to_vec();
+                if let Some(last) = shape.last_mut() {
+                    *last = b.shape()[1];
+                }
+                bmm(&a.reshape(&[rows, k])?, b, false, false)?.reshape(&shape)?
+            }
+            None => bmm(a, b, false, false)?,
+        };
         Ok((y, ((*a).clone(), (*b).clone())))
     }
 
@@ -210,6 +231,17 @@ impl<T: Element> Op<T> for Matmul {
                 need(i).then(|| Tensor::zeros(t.shape()).and_then(|z| z.to_device(t.device())))
             };
             return Ok(vec![zeros(0, a).transpose()?, zeros(1, b).transpose()?]);
+        }
+        if let Some(rows) = flat_rows(a, b) {
+            // A batch of rows times one shared matrix: one product each,
+            // `dB = A^T G` summed over every row at once.
+            let (k, n) = (b.shape()[0], b.shape()[1]);
+            let (af, gf) = (a.reshape(&[rows, k])?, g.reshape(&[rows, n])?);
+            let da = need(0)
+                .then(|| bmm(&gf, b, false, true)?.reshape(a.shape()))
+                .transpose()?;
+            let db = need(1).then(|| bmm(&af, &gf, true, false)).transpose()?;
+            return Ok(vec![da, db]);
         }
         let da = if need(0) {
             Some(bmm(g, b, false, true)?)
