@@ -55,7 +55,10 @@
 //! `i >= j` when causal) and never a row that does not (the kernels never
 //! multiply a masked entry). The composed twin differs only there: its
 //! `att @ v` multiplies the masked zeros by `v_j`, so a NaN in `v_j` also
-//! reaches earlier rows. Gradients follow the same rule.
+//! reaches earlier rows. In the backward, `dq_i` is NaN exactly when row
+//! `i`'s output is; `dk_j` and `dv_j` gather from every row that sees `j`,
+//! so a NaN row spreads to the key and value gradients of the positions
+//! it sees, as the chain rule says.
 //!
 //! State: `q`, `k`, `v` (or `qkv`) and the output are handles to tensors
 //! the graph holds anyway; the only new memory is `lse`, `batch * heads *
