@@ -27,8 +27,9 @@ use std::any::TypeId;
 type Acc<T> = <T as Element>::Acc;
 
 /// Query rows per tile: the score tile is `ROW_TILE x T` values. Measured
-/// at T = 64, d = 32 (docs/performance.md, "Attention"): 16 balances the
-/// products' size against the triangle the loops add.
+/// at T = 64, d = 32 (docs/performance.md, "Attention"): 16 and 32 tie, 8
+/// leaves the products too small for `matrixmultiply`, and 64 (all of the
+/// causal work in the triangle loops) is 2.5x slower.
 pub(crate) const ROW_TILE: usize = 16;
 
 /// Below this many multiply-adds (about `B H T^2 d`) the tasks run on the
@@ -118,6 +119,14 @@ fn gemm<A: Accum>(
                 s(csc),
             )
         }
+    }
+}
+
+/// `y += a * x` over equal-length rows (a loop LLVM vectorizes).
+#[inline(always)]
+fn axpy<A: Accum>(y: &mut [A], a: A, x: &[A]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
     }
 }
 
@@ -224,6 +233,7 @@ pub(crate) fn forward<T: Element>(
 ) {
     let (t, d) = (g.t, g.d);
     let scale = <Acc<T> as Accum>::of(scale);
+    let tile = ROW_TILE;
     let shared = Shared::new(out);
     let rows = per_head(g, |bh| {
         let (q, k, v) = (
@@ -232,11 +242,11 @@ pub(crate) fn forward<T: Element>(
             gather(g, srcs[2], 2, bh),
         );
         let mut lse = vec![Acc::<T>::zero(); t];
-        let mut o = vec![Acc::<T>::zero(); ROW_TILE * d];
-        let mut s = vec![Acc::<T>::zero(); ROW_TILE * t];
+        let mut o = vec![Acc::<T>::zero(); tile * d];
+        let mut s = vec![Acc::<T>::zero(); tile * t];
         let (obase, ostride) = g.out_rows(bh);
-        for r0 in (0..t).step_by(ROW_TILE) {
-            let r1 = (r0 + ROW_TILE).min(t);
+        for r0 in (0..t).step_by(tile) {
+            let r1 = (r0 + tile).min(t);
             let end = if causal { r1 } else { t };
             let vis = if causal { r0 } else { t };
             scores(d, scale, &q, &k, (r0, r1, end), &mut s);
@@ -272,10 +282,7 @@ pub(crate) fn forward<T: Element>(
                 for i in r0..r1 {
                     let orow = &mut o[(i - r0) * d..(i - r0 + 1) * d];
                     for j in r0..=i {
-                        let p = s[(i - r0) * end + j];
-                        for (oc, &vc) in orow.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                            *oc += p * vc;
-                        }
+                        axpy(orow, s[(i - r0) * end + j], &v[j * d..(j + 1) * d]);
                     }
                 }
             }
@@ -310,6 +317,7 @@ pub(crate) fn backward<T: Element>(
 ) {
     let (t, d) = (g.t, g.d);
     let scale = <Acc<T> as Accum>::of(scale);
+    let tile = ROW_TILE;
     per_head(g, |bh| {
         let zero = Acc::<T>::zero();
         let (q, k, v) = (
@@ -327,10 +335,10 @@ pub(crate) fn backward<T: Element>(
             })
             .collect();
         let (mut dq, mut dk, mut dv) = (vec![zero; t * d], vec![zero; t * d], vec![zero; t * d]);
-        let mut p = vec![zero; ROW_TILE * t];
-        let mut ds = vec![zero; ROW_TILE * t];
-        for r0 in (0..t).step_by(ROW_TILE) {
-            let r1 = (r0 + ROW_TILE).min(t);
+        let mut p = vec![zero; tile * t];
+        let mut ds = vec![zero; tile * t];
+        for r0 in (0..t).step_by(tile) {
+            let r1 = (r0 + tile).min(t);
             let rows = r1 - r0;
             let end = if causal { r1 } else { t };
             let vis = if causal { r0 } else { t };
@@ -386,13 +394,13 @@ pub(crate) fn backward<T: Element>(
             if causal {
                 for i in r0..r1 {
                     let (gi, qi) = (&go[i * d..(i + 1) * d], &q[i * d..(i + 1) * d]);
+                    let dqi = &mut dq[i * d..(i + 1) * d];
                     for j in r0..=i {
                         let (pij, sij) = (p[(i - r0) * end + j], ds[(i - r0) * end + j] * scale);
-                        for c in 0..d {
-                            dv[j * d + c] += pij * gi[c];
-                            dk[j * d + c] += sij * qi[c];
-                            dq[i * d + c] += sij * k[j * d + c];
-                        }
+                        let row = j * d..(j + 1) * d;
+                        axpy(&mut dv[row.clone()], pij, gi);
+                        axpy(&mut dk[row.clone()], sij, qi);
+                        axpy(dqi, sij, &k[row]);
                     }
                 }
             }
