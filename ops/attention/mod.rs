@@ -66,6 +66,8 @@
 //! rounded once on store).
 
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
@@ -302,6 +304,32 @@ fn cpu_slices<'a, T: Element, const N: usize>(
     Ok(out)
 }
 
+/// The CUDA buffer of each of `xs`, or `DeviceMismatch` naming the first
+/// tensor that lives elsewhere.
+#[cfg(feature = "cuda")]
+fn cuda_bufs<'a, T: Element, const N: usize>(
+    op: &'static str,
+    xs: [&'a Tensor<T>; N],
+) -> Result<[&'a crate::tensor::CudaBuf<T>; N]> {
+    let mut out = Vec::with_capacity(N);
+    for x in xs {
+        match x.storage() {
+            Storage::Cuda(b) => out.push(b),
+            Storage::Cpu(_) => {
+                return Err(Error::DeviceMismatch {
+                    op,
+                    lhs: xs[0].device().to_string(),
+                    rhs: x.device().to_string(),
+                })
+            }
+        }
+    }
+    out.try_into().map_err(|_| Error::InvalidArgument {
+        op,
+        msg: "buffer count".into(),
+    })
+}
+
 impl<T: Element> Op<T> for Attention {
     type State = AttentionState<T>;
 
@@ -328,13 +356,7 @@ impl<T: Element> Op<T> for Attention {
                 )
             }
             #[cfg(feature = "cuda")]
-            Storage::Cuda(_) => {
-                return Err(Error::Cuda {
-                    op,
-                    device: qkv[0].device().to_string(),
-                    msg: "the fused attention has no CUDA kernel yet".into(),
-                })
-            }
+            Storage::Cuda(_) => cuda::forward(op, &g, cuda_bufs(op, qkv)?, self.scale, self.causal)?,
         };
         let inputs = x.iter().map(|t| (*t).clone()).collect();
         let state = AttentionState {
@@ -389,11 +411,17 @@ impl<T: Element> Op<T> for Attention {
                     .collect::<Result<_>>()?
             }
             #[cfg(feature = "cuda")]
+            (Storage::Cuda(_), Storage::Cuda(lse)) => {
+                let [out, dout] = cuda_bufs(op, [&s.out, grad])?;
+                let ins = cuda_bufs(op, qkv)?;
+                cuda::backward(op, &g, ins, out, dout, lse, self.scale, self.causal)?
+            }
+            #[cfg(feature = "cuda")]
             _ => {
-                return Err(Error::Cuda {
+                return Err(Error::DeviceMismatch {
                     op,
-                    device: grad.device().to_string(),
-                    msg: "the fused attention has no CUDA kernel yet".into(),
+                    lhs: qkv[0].device().to_string(),
+                    rhs: s.lse.device().to_string(),
                 })
             }
         };
