@@ -12,7 +12,13 @@ use fusegrad::{ops, Element, Tape, Tensor};
 use std::time::Instant;
 
 /// Seconds of one forward + backward, and the bytes the tape saved.
-fn step<T: Element>(x: &Tensor<T>, c: &Tensor<T>, h: usize, scale: f64, fused: bool) -> (f64, usize) {
+fn step<T: Element>(
+    x: &Tensor<T>,
+    c: &Tensor<T>,
+    h: usize,
+    scale: f64,
+    fused: bool,
+) -> (f64, usize) {
     let start = Instant::now();
     let tape = Tape::new();
     let v = tape.var(x.clone());

@@ -28,13 +28,7 @@ pub fn attention_composed<T: Element>(
     causal: bool,
     scale: f64,
 ) -> Result<Var<T>> {
-    let g = heads_geometry(
-        "attention_composed",
-        q.shape(),
-        k.shape(),
-        v.shape(),
-        scale,
-    )?;
+    let g = heads_geometry("attention_composed", q.shape(), k.shape(), v.shape(), scale)?;
     let s = scalar_mul(&matmul(q, &transpose(k, -2, -1)?)?, scale)?;
     let s = if causal {
         masked_fill(&s, &causal_mask(g.t)?, f64::NEG_INFINITY)?

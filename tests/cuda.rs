@@ -360,10 +360,18 @@ fn fused_and_composed_attention_agree_on_the_gpu_in_f64() {
     let Some(dev) = gpu() else { return };
     let mut rng = Rng::new(6);
     for (packed, causal) in [(false, true), (true, true), (true, false)] {
-        let shape: &[usize] = if packed { &[2, 41, 3 * 3 * 8] } else { &[2, 3, 41, 8] };
+        let shape: &[usize] = if packed {
+            &[2, 41, 3 * 3 * 8]
+        } else {
+            &[2, 3, 41, 8]
+        };
         let n = if packed { 1 } else { 3 };
         let xs: Vec<Tensor<f64>> = (0..n)
-            .map(|_| random::<f64>(&mut rng, shape, false).to_device(dev).unwrap())
+            .map(|_| {
+                random::<f64>(&mut rng, shape, false)
+                    .to_device(dev)
+                    .unwrap()
+            })
             .collect();
         let mut outs = Vec::new();
         for composed in [false, true] {
@@ -388,17 +396,31 @@ fn fused_and_composed_attention_agree_on_the_gpu_in_f64() {
             outs.push(o);
         }
         for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
-            close("attention fused vs composed", &format!("output {i}"), a, b, 1e-12);
+            close(
+                "attention fused vs composed",
+                &format!("output {i}"),
+                a,
+                b,
+                1e-12,
+            );
         }
     }
     let tape = Tape::<f32>::new();
-    let x = tape.var(Tensor::zeros(&[1, 4, 3 * 65]).unwrap().to_device(dev).unwrap());
+    let x = tape.var(
+        Tensor::zeros(&[1, 4, 3 * 65])
+            .unwrap()
+            .to_device(dev)
+            .unwrap(),
+    );
     match ops::attention_qkv(&x, 1, true, 1.0) {
         Err(Error::Cuda { op, msg, .. }) => {
             assert_eq!(op, "attention_qkv");
             assert!(msg.contains("head_dim 65"), "{msg}");
         }
-        other => panic!("expected Error::Cuda, got {:?}", other.map(|v| v.shape().to_vec())),
+        other => panic!(
+            "expected Error::Cuda, got {:?}",
+            other.map(|v| v.shape().to_vec())
+        ),
     }
 }
 

@@ -625,7 +625,10 @@ fn attention_matches_its_composed_twin_in_f64() {
         ([3, 1, 1, 3], true, true),
     ] {
         let diff = attention_vs_composed::<f64>(shape, causal, packed, 11);
-        assert!(diff < 1e-12, "{shape:?} causal {causal} packed {packed}: {diff:e}");
+        assert!(
+            diff < 1e-12,
+            "{shape:?} causal {causal} packed {packed}: {diff:e}"
+        );
     }
 }
 
@@ -696,8 +699,9 @@ fn attention_nan_reaches_exactly_the_rows_that_see_it() {
     for which in 0..3 {
         for j in [0, 17, 39] {
             let tape = Tape::<f64>::new();
-            let mut xs: Vec<Tensor<f64>> =
-                (0..3).map(|_| attn_input(&mut rng, &[1, 1, t, d])).collect();
+            let mut xs: Vec<Tensor<f64>> = (0..3)
+                .map(|_| attn_input(&mut rng, &[1, 1, t, d]))
+                .collect();
             let mut data = xs[which].to_vec().unwrap();
             data[j * d + 1] = f64::NAN;
             xs[which] = Tensor::from_vec(vec![1, 1, t, d], data).unwrap();
@@ -708,7 +712,10 @@ fn attention_nan_reaches_exactly_the_rows_that_see_it() {
             // of position p gather from every row that sees p).
             let grads = yv.backward_with(&cotangent(&yv, 5)).unwrap();
             let dq = grads.wrt(&vs[0]).unwrap().to_f64_vec().unwrap();
-            assert!(dq[..j * d].iter().all(|x| x.is_finite()), "input {which}, NaN at {j}");
+            assert!(
+                dq[..j * d].iter().all(|x| x.is_finite()),
+                "input {which}, NaN at {j}"
+            );
             assert!(dq[j * d..(j + 1) * d].iter().any(|x| x.is_nan()));
             for i in 0..t {
                 // q_j's NaN stays in row j; k_j's and v_j's reach rows
@@ -760,12 +767,17 @@ fn attention_errors_are_specific_and_record_nothing() {
         }
     }
     assert_eq!(
-        ops::attention(&q, &q, &k5, true, 1.0).unwrap_err().to_string(),
+        ops::attention(&q, &q, &k5, true, 1.0)
+            .unwrap_err()
+            .to_string(),
         "attention: shape mismatch: [1, 2, 3, 4] vs [1, 2, 5, 4]"
     );
     let qkv = var(&[2, 3, 12]);
     let before = before + 1;
-    for op in [ops::attention_qkv::<f32>, ops::attention_qkv_composed::<f32>] {
+    for op in [
+        ops::attention_qkv::<f32>,
+        ops::attention_qkv_composed::<f32>,
+    ] {
         for (x, heads) in [(&qkv, 0), (&qkv, 5), (&q, 1)] {
             let e = op(x, heads, true, 1.0).unwrap_err();
             assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
@@ -776,7 +788,10 @@ fn attention_errors_are_specific_and_record_nothing() {
         .to_string()
         .starts_with("attention_qkv: qkv [2, 3, 12]"));
     assert_eq!(tape.len(), before);
-    for op in [ops::attention_qkv::<f32>, ops::attention_qkv_composed::<f32>] {
+    for op in [
+        ops::attention_qkv::<f32>,
+        ops::attention_qkv_composed::<f32>,
+    ] {
         assert_eq!(op(&qkv, 2, true, 1.0).unwrap().shape(), [2, 3, 4]);
     }
 }
@@ -802,7 +817,10 @@ fn attention_saves_less_than_its_twin() {
     let (fused, composed) = (saved(true), saved(false));
     // Output [b, t, h d] f32 plus lse [b, h, t] f32 (the input is a leaf).
     assert_eq!(fused, 4 * (b * t * h * d + b * h * t));
-    assert!(composed > fused + 2 * 4 * b * h * t * t, "{fused} vs {composed}");
+    assert!(
+        composed > fused + 2 * 4 * b * h * t * t,
+        "{fused} vs {composed}"
+    );
 }
 
 proptest::proptest! {

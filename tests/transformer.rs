@@ -140,8 +140,14 @@ fn fused_attention_layer_saves_less_and_agrees() {
     let (fused, yf, gf) = run(NormImpl::Fused);
     let (composed, yc, gc) = run(NormImpl::Composed);
     println!("saved bytes per attention layer: fused {fused}, composed {composed}");
-    // At least the probabilities, b * h * t * t f32, are gone.
-    assert!(fused + 4 * b * h * t * t <= composed, "{fused} vs {composed}");
+    // Both keep a [b, t, 3w] worth of q, k, v (the fused op the packed
+    // projection, the twin its three copies); the twin also keeps the
+    // b * h * t * t probabilities where the fused op keeps b * h * t
+    // log-sum-exps.
+    assert!(
+        composed >= fused + 4 * b * h * t * (t - 1),
+        "{fused} vs {composed}"
+    );
     assert!(fusegrad::gradcheck::rel_diff(&yf, &yc) < 1e-5);
     assert!(fusegrad::gradcheck::rel_diff(&gf, &gc) < 1e-4);
 }

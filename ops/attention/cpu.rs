@@ -56,7 +56,11 @@ fn gemm<A: Accum>(
         for i in 0..m {
             for j in 0..n {
                 let e = &mut c[i * rsc + j * csc];
-                *e = if beta == A::zero() { A::zero() } else { beta * *e };
+                *e = if beta == A::zero() {
+                    A::zero()
+                } else {
+                    beta * *e
+                };
             }
         }
         return;
@@ -199,7 +203,14 @@ fn per_head<O: Send>(g: &Geometry, f: impl Fn(usize) -> O + Sync + Send) -> Vec<
 
 /// The scores of rows `[r0, r1)` against keys `[0, end)`, scaled, into
 /// `s` (row stride `end`): `S = scale * Q[r0..r1] K[0..end]^T`.
-fn scores<A: Accum>(d: usize, scale: A, q: &[A], k: &[A], (r0, r1, end): (usize, usize, usize), s: &mut [A]) {
+fn scores<A: Accum>(
+    d: usize,
+    scale: A,
+    q: &[A],
+    k: &[A],
+    (r0, r1, end): (usize, usize, usize),
+    s: &mut [A],
+) {
     gemm(
         [r1 - r0, d, end],
         scale,
@@ -255,7 +266,9 @@ pub(crate) fn forward<T: Element>(
             for i in r0..r1 {
                 let row = &mut s[(i - r0) * end..(i - r0 + 1) * end];
                 let n = seen(causal, t, i);
-                let m = row[..n].iter().fold(Acc::<T>::neg_infinity(), |a, &b| a.max(b));
+                let m = row[..n]
+                    .iter()
+                    .fold(Acc::<T>::neg_infinity(), |a, &b| a.max(b));
                 let mut sum = Acc::<T>::zero();
                 for e in &mut row[..n] {
                     *e = (*e - m).exp();
@@ -331,7 +344,10 @@ pub(crate) fn backward<T: Element>(
         let dd: Vec<Acc<T>> = (0..t)
             .map(|i| {
                 let r = i * d..(i + 1) * d;
-                go[r.clone()].iter().zip(&o[r]).fold(zero, |a, (&x, &y)| a + x * y)
+                go[r.clone()]
+                    .iter()
+                    .zip(&o[r])
+                    .fold(zero, |a, (&x, &y)| a + x * y)
             })
             .collect();
         let (mut dq, mut dk, mut dv) = (vec![zero; t * d], vec![zero; t * d], vec![zero; t * d]);

@@ -8,8 +8,8 @@
 use super::Geometry;
 use crate::device::cuda::{cfg, launch, Gpu};
 use crate::dtype::Element;
-use crate::ops::norm::cuda::addr;
 use crate::error::{Error, Result};
+use crate::ops::norm::cuda::addr;
 use crate::tensor::{CudaBuf, Tensor};
 
 /// Threads per block and the tiles of `kernels/attention.cu`.

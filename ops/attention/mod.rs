@@ -36,12 +36,12 @@
 //! that shape. [`attention_qkv`] takes the model's fused projection
 //! `[batch, T, 3 * heads * d]` as it comes out of its `Linear` (queries,
 //! then keys, then values, each head-major, i.e. `[batch, T, 3, heads,
-//! d]`, PyTorch's `qkv.split` + `view` order) and returns `[batch, T, heads
-//! * d]`, the heads side by side, ready for the output projection. Tensors
-//! here are always contiguous, so reading the heads in place through row
-//! strides (and writing the gradient back in the same layout) is what
-//! saves `MultiHeadAttention` its three permute copies per step and their
-//! backward copies; both entry points run the same kernels.
+//! d]`, PyTorch's `qkv.split` + `view` order) and returns `[batch, T,
+//! heads * d]`, the heads side by side, ready for the output projection.
+//! Tensors here are always contiguous, so reading the heads in place
+//! through row strides (and writing the gradient back in the same layout)
+//! is what saves `MultiHeadAttention` its three permute copies per step
+//! and their backward copies; both entry points run the same kernels.
 //!
 //! # Edge cases
 //!
@@ -356,7 +356,9 @@ impl<T: Element> Op<T> for Attention {
                 )
             }
             #[cfg(feature = "cuda")]
-            Storage::Cuda(_) => cuda::forward(op, &g, cuda_bufs(op, qkv)?, self.scale, self.causal)?,
+            Storage::Cuda(_) => {
+                cuda::forward(op, &g, cuda_bufs(op, qkv)?, self.scale, self.causal)?
+            }
         };
         let inputs = x.iter().map(|t| (*t).clone()).collect();
         let state = AttentionState {

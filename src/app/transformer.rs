@@ -292,7 +292,10 @@ fn compare(
     let mut c = o.config;
     c.steps = fused.losses.len();
     c.time_limit = Duration::MAX;
-    println!("composed LayerNorm and attention, same start, {} steps:", c.steps);
+    println!(
+        "composed LayerNorm and attention, same start, {} steps:",
+        c.steps
+    );
     twin.set_norm_impl(NormImpl::Composed);
     let twin = train(o, data, twin, &c)?;
     println!(
