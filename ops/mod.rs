@@ -4,6 +4,8 @@
 //! tensor's storage; `cpu.rs` holds the host loops. The `*_composed` files
 //! build an op from other ops and touch no data.
 
+pub mod attention;
+mod attention_composed;
 mod dropout;
 pub(crate) mod elementwise;
 mod embedding;
@@ -22,6 +24,8 @@ pub(crate) mod norm;
 pub mod rms_norm;
 mod rms_norm_composed;
 
+pub use attention::{attention, attention_qkv};
+pub use attention_composed::*;
 pub use dropout::*;
 pub use elementwise::*;
 pub use embedding::*;

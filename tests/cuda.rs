@@ -86,6 +86,24 @@ fn cases<T: Element>() -> Vec<Case<T>> {
         case("softmax axis 0", &[&[6, 5]], false, |v| {
             ops::softmax(&v[0], 0)
         }),
+        case(
+            "attention causal",
+            &[&[2, 3, 37, 8], &[2, 3, 37, 8], &[2, 3, 37, 8]],
+            false,
+            |v| ops::attention(&v[0], &v[1], &v[2], true, 0.35),
+        ),
+        case(
+            "attention full, two columns per lane",
+            &[&[1, 2, 20, 40], &[1, 2, 20, 40], &[1, 2, 20, 40]],
+            false,
+            |v| ops::attention(&v[0], &v[1], &v[2], false, 0.15),
+        ),
+        case("attention_qkv causal", &[&[2, 33, 96]], false, |v| {
+            ops::attention_qkv(&v[0], 2, true, 0.25)
+        }),
+        case("attention_qkv head_dim 64", &[&[1, 9, 192]], false, |v| {
+            ops::attention_qkv(&v[0], 1, false, 0.125)
+        }),
         case("mse", &[&[8, 3], &[8, 3]], false, |v| {
             ops::mse(&v[0], &v[1])
         }),
@@ -331,6 +349,78 @@ fn fused_and_composed_layer_norm_agree_on_the_gpu() {
     }
     for (i, what) in ["y", "dx", "dgamma", "dbeta"].iter().enumerate() {
         close("fused vs composed", what, &outs[0][i], &outs[1][i], 1e-4);
+    }
+}
+
+/// The fused attention on the GPU against its composed twin on the GPU,
+/// in f64, both layouts, with a random cotangent; a head_dim past the
+/// kernel's 64 is an error naming it.
+#[test]
+fn fused_and_composed_attention_agree_on_the_gpu_in_f64() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng::new(6);
+    for (packed, causal) in [(false, true), (true, true), (true, false)] {
+        let shape: &[usize] = if packed {
+            &[2, 41, 3 * 3 * 8]
+        } else {
+            &[2, 3, 41, 8]
+        };
+        let n = if packed { 1 } else { 3 };
+        let xs: Vec<Tensor<f64>> = (0..n)
+            .map(|_| {
+                random::<f64>(&mut rng, shape, false)
+                    .to_device(dev)
+                    .unwrap()
+            })
+            .collect();
+        let mut outs = Vec::new();
+        for composed in [false, true] {
+            let tape = Tape::new();
+            let vs: Vec<Var<f64>> = xs.iter().map(|x| tape.var(x.clone())).collect();
+            let y = match (packed, composed) {
+                (true, false) => ops::attention_qkv(&vs[0], 3, causal, 0.3),
+                (true, true) => ops::attention_qkv_composed(&vs[0], 3, causal, 0.3),
+                (false, false) => ops::attention(&vs[0], &vs[1], &vs[2], causal, 0.3),
+                (false, true) => ops::attention_composed(&vs[0], &vs[1], &vs[2], causal, 0.3),
+            }
+            .unwrap();
+            assert_eq!(y.value().device(), dev);
+            let cot = random::<f64>(&mut Rng::new(9), y.shape(), false)
+                .to_device(dev)
+                .unwrap();
+            let g = y.backward_with(&cot).unwrap();
+            let mut o = vec![y.value().to_f64_vec().unwrap()];
+            for v in &vs {
+                o.push(g.wrt(v).unwrap().to_f64_vec().unwrap());
+            }
+            outs.push(o);
+        }
+        for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
+            close(
+                "attention fused vs composed",
+                &format!("output {i}"),
+                a,
+                b,
+                1e-12,
+            );
+        }
+    }
+    let tape = Tape::<f32>::new();
+    let x = tape.var(
+        Tensor::zeros(&[1, 4, 3 * 65])
+            .unwrap()
+            .to_device(dev)
+            .unwrap(),
+    );
+    match ops::attention_qkv(&x, 1, true, 1.0) {
+        Err(Error::Cuda { op, msg, .. }) => {
+            assert_eq!(op, "attention_qkv");
+            assert!(msg.contains("head_dim 65"), "{msg}");
+        }
+        other => panic!(
+            "expected Error::Cuda, got {:?}",
+            other.map(|v| v.shape().to_vec())
+        ),
     }
 }
 

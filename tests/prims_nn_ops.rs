@@ -569,3 +569,276 @@ fn activation_gelu_is_exact_and_gelu_tanh_is_the_approximation() {
     assert!((approx[2] - 0.841_191_990_608_276_8).abs() <= 1e-15);
     assert_eq!(Activation::default(), Activation::Gelu);
 }
+
+// ---------------------------------------------------------------------------
+// attention: the fused op against its composed twin and finite differences
+
+/// Values in [-1.5, 1.5), scaled so scores are far from uniform.
+fn attn_input<T: Element>(rng: &mut Rng, shape: &[usize]) -> Tensor<T> {
+    let n = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|_| rng.range(-1.5, 1.5)).collect();
+    tensor(shape, &v)
+}
+
+/// `attention` (or, `packed`, `attention_qkv`) and its twin on random
+/// inputs of `[b, h, t, d]`: the largest output or gradient difference.
+fn attention_vs_composed<T: Element>(
+    [b, h, t, d]: [usize; 4],
+    causal: bool,
+    packed: bool,
+    seed: u64,
+) -> f64 {
+    let mut rng = Rng::new(seed);
+    let scale = 1.0 / (d.max(1) as f64).sqrt();
+    let cmp = if packed {
+        let x = attn_input::<T>(&mut rng, &[b, t, 3 * h * d]);
+        fusegrad::gradcheck::fused_vs_composed(
+            |v: &[Var<T>]| ops::attention_qkv(&v[0], h, causal, scale),
+            |v: &[Var<T>]| ops::attention_qkv_composed(&v[0], h, causal, scale),
+            &[x],
+            seed,
+        )
+    } else {
+        let shape = [b, h, t, d];
+        let xs: Vec<Tensor<T>> = (0..3).map(|_| attn_input(&mut rng, &shape)).collect();
+        fusegrad::gradcheck::fused_vs_composed(
+            |v: &[Var<T>]| ops::attention(&v[0], &v[1], &v[2], causal, scale),
+            |v: &[Var<T>]| ops::attention_composed(&v[0], &v[1], &v[2], causal, scale),
+            &xs,
+            seed,
+        )
+    };
+    let cmp = cmp.unwrap();
+    assert_eq!(cmp.grads.len(), if packed { 1 } else { 3 });
+    cmp.max()
+}
+
+#[test]
+fn attention_matches_its_composed_twin_in_f64() {
+    // T past one and two row tiles, odd sizes, both layouts.
+    for (shape, causal, packed) in [
+        ([2, 3, 5, 4], true, false),
+        ([2, 3, 5, 4], false, false),
+        ([1, 2, 37, 8], true, false),
+        ([1, 2, 37, 8], false, true),
+        ([2, 4, 64, 32], true, true),
+        ([3, 1, 1, 3], true, true),
+    ] {
+        let diff = attention_vs_composed::<f64>(shape, causal, packed, 11);
+        assert!(
+            diff < 1e-12,
+            "{shape:?} causal {causal} packed {packed}: {diff:e}"
+        );
+    }
+}
+
+#[test]
+fn attention_gradients_match_finite_differences() {
+    use fusegrad::gradcheck::{check, Options};
+    let mut rng = Rng::new(4);
+    for causal in [true, false] {
+        let shape = [2, 2, 19, 3];
+        let xs: Vec<Tensor<f64>> = (0..3).map(|_| attn_input(&mut rng, &shape)).collect();
+        let f = |v: &[Var<f64>]| ops::attention(&v[0], &v[1], &v[2], causal, 0.7);
+        let report = check(f, &xs, &Options::default()).unwrap();
+        assert_eq!(report.inputs.len(), 3);
+        assert!(report.passed(), "causal {causal}\n{report}");
+        let x = attn_input::<f64>(&mut rng, &[2, 18, 3 * 2 * 3]);
+        let f = |v: &[Var<f64>]| ops::attention_qkv(&v[0], 2, causal, 0.6);
+        let report = check(f, &[x], &Options::default()).unwrap();
+        assert!(report.passed(), "packed, causal {causal}\n{report}");
+    }
+}
+
+#[test]
+fn attention_in_16_and_32_bits_follows_f64() {
+    let (shape, seed) = ([2, 2, 40, 16], 21);
+    for causal in [true, false] {
+        for packed in [false, true] {
+            let d32 = attention_vs_composed::<f32>(shape, causal, packed, seed);
+            let d16 = attention_vs_composed::<half::f16>(shape, causal, packed, seed);
+            let db16 = attention_vs_composed::<half::bf16>(shape, causal, packed, seed);
+            assert!(d32 < 1e-5, "f32 {d32:e}");
+            assert!(d16 < 1e-2, "f16 {d16:e}");
+            assert!(db16 < 5e-2, "bf16 {db16:e}");
+        }
+    }
+    // The fused f32 output against the fused f64 one on the same inputs.
+    let mut rng = Rng::new(3);
+    let x64 = attn_input::<f64>(&mut rng, &[2, 40, 3 * 2 * 16]);
+    let x32: Tensor<f32> = x64.cast().unwrap();
+    let y64 = ops::attention_qkv(&Tape::new().constant(x64), 2, true, 0.25).unwrap();
+    let y32 = ops::attention_qkv(&Tape::new().constant(x32), 2, true, 0.25).unwrap();
+    let diff = fusegrad::gradcheck::rel_diff(&vals(&y32), &vals(&y64));
+    assert!(diff < 1e-6, "{diff:e}");
+}
+
+#[test]
+fn attention_with_no_positions_or_no_head_dim_is_empty() {
+    for shape in [[2, 3, 0, 4], [0, 3, 4, 4], [2, 3, 4, 0]] {
+        let tape = Tape::<f64>::new();
+        let xs: Vec<Var<f64>> = (0..3)
+            .map(|_| tape.var(Tensor::zeros(&shape).unwrap()))
+            .collect();
+        let y = ops::attention(&xs[0], &xs[1], &xs[2], true, 1.0).unwrap();
+        assert_eq!(y.shape(), shape);
+        assert_eq!(y.value().numel(), 0);
+        let g = y.backward_with(&Tensor::zeros(&shape).unwrap()).unwrap();
+        for x in &xs {
+            assert_eq!(g.wrt(x).unwrap().shape(), shape);
+        }
+        let c = ops::attention_composed(&xs[0], &xs[1], &xs[2], true, 1.0).unwrap();
+        assert_eq!(c.shape(), shape);
+    }
+}
+
+#[test]
+fn attention_nan_reaches_exactly_the_rows_that_see_it() {
+    let (t, d) = (40, 4);
+    let mut rng = Rng::new(8);
+    for which in 0..3 {
+        for j in [0, 17, 39] {
+            let tape = Tape::<f64>::new();
+            let mut xs: Vec<Tensor<f64>> = (0..3)
+                .map(|_| attn_input(&mut rng, &[1, 1, t, d]))
+                .collect();
+            let mut data = xs[which].to_vec().unwrap();
+            data[j * d + 1] = f64::NAN;
+            xs[which] = Tensor::from_vec(vec![1, 1, t, d], data).unwrap();
+            let vs: Vec<Var<f64>> = xs.iter().map(|x| tape.var(x.clone())).collect();
+            let yv = ops::attention(&vs[0], &vs[1], &vs[2], true, 0.5).unwrap();
+            let y = vals(&yv);
+            // dq of the rows before j never sees the NaN either (dk and dv
+            // of position p gather from every row that sees p).
+            let grads = yv.backward_with(&cotangent(&yv, 5)).unwrap();
+            let dq = grads.wrt(&vs[0]).unwrap().to_f64_vec().unwrap();
+            assert!(
+                dq[..j * d].iter().all(|x| x.is_finite()),
+                "input {which}, NaN at {j}"
+            );
+            assert!(dq[j * d..(j + 1) * d].iter().any(|x| x.is_nan()));
+            for i in 0..t {
+                // q_j's NaN stays in row j; k_j's and v_j's reach rows
+                // i >= j.
+                let expect = if which == 0 { i == j } else { i >= j };
+                let row = &y[i * d..(i + 1) * d];
+                assert_eq!(
+                    row.iter().any(|v| v.is_nan()),
+                    expect,
+                    "input {which}, NaN at {j}, row {i}: {row:?}"
+                );
+                // A NaN score spoils the whole row; a NaN in v_j only its
+                // own column.
+                if expect && which < 2 {
+                    assert!(row.iter().all(|v| v.is_nan()));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_errors_are_specific_and_record_nothing() {
+    let tape = Tape::<f32>::new();
+    let var = |s: &[usize]| tape.var(Tensor::zeros(s).unwrap());
+    let (q, k3) = (var(&[1, 2, 3, 4]), var(&[1, 2, 3]));
+    let k5 = var(&[1, 2, 5, 4]);
+    let before = tape.len();
+    for op in [ops::attention::<f32>, ops::attention_composed::<f32>] {
+        let e = op(&k3, &k3, &k3, true, 1.0).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { msg, .. } if msg.contains("[1, 2, 3]")),
+            "{e}"
+        );
+        assert!(matches!(
+            op(&q, &k5, &q, true, 1.0).unwrap_err(),
+            Error::ShapeMismatch { lhs, rhs, .. } if lhs == [1, 2, 3, 4] && rhs == [1, 2, 5, 4]
+        ));
+        assert!(matches!(
+            op(&q, &q, &k5, false, 1.0).unwrap_err(),
+            Error::ShapeMismatch { .. }
+        ));
+        for bad in [f64::NAN, f64::INFINITY] {
+            let e = op(&q, &q, &q, true, bad).unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidArgument { msg, .. } if msg.contains(&bad.to_string())),
+                "{e}"
+            );
+        }
+    }
+    assert_eq!(
+        ops::attention(&q, &q, &k5, true, 1.0)
+            .unwrap_err()
+            .to_string(),
+        "attention: shape mismatch: [1, 2, 3, 4] vs [1, 2, 5, 4]"
+    );
+    let qkv = var(&[2, 3, 12]);
+    let before = before + 1;
+    for op in [
+        ops::attention_qkv::<f32>,
+        ops::attention_qkv_composed::<f32>,
+    ] {
+        for (x, heads) in [(&qkv, 0), (&qkv, 5), (&q, 1)] {
+            let e = op(x, heads, true, 1.0).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        }
+    }
+    assert!(ops::attention_qkv(&qkv, 5, true, 1.0)
+        .unwrap_err()
+        .to_string()
+        .starts_with("attention_qkv: qkv [2, 3, 12]"));
+    assert_eq!(tape.len(), before);
+    for op in [
+        ops::attention_qkv::<f32>,
+        ops::attention_qkv_composed::<f32>,
+    ] {
+        assert_eq!(op(&qkv, 2, true, 1.0).unwrap().shape(), [2, 3, 4]);
+    }
+}
+
+/// The fused op saves the output and T log-sum-exps per head; its twin
+/// saves the T x T scores and probabilities.
+#[test]
+fn attention_saves_less_than_its_twin() {
+    let (b, t, h, d) = (2, 64, 4, 32);
+    let saved = |fused: bool| {
+        let tape = Tape::<f32>::new();
+        let x = tape.var(Tensor::zeros(&[b, t, 3 * h * d]).unwrap());
+        let before = tape.saved_bytes();
+        let scale = 1.0 / (d as f64).sqrt();
+        let y = if fused {
+            ops::attention_qkv(&x, h, true, scale)
+        } else {
+            ops::attention_qkv_composed(&x, h, true, scale)
+        };
+        y.unwrap();
+        tape.saved_bytes() - before
+    };
+    let (fused, composed) = (saved(true), saved(false));
+    // Output [b, t, h d] f32 plus lse [b, h, t] f32 (the input is a leaf).
+    assert_eq!(fused, 4 * (b * t * h * d + b * h * t));
+    assert!(
+        composed > fused + 2 * 4 * b * h * t * t,
+        "{fused} vs {composed}"
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Fused against composed in f64 over batch, heads, T (past several
+    /// row tiles), head_dim and the mask, in both layouts.
+    #[test]
+    fn attention_property_fused_matches_composed(
+        b in 1usize..3,
+        h in 1usize..4,
+        t in 0usize..50,
+        d in 1usize..10,
+        causal: bool,
+        packed: bool,
+        seed in 0u64..1000,
+    ) {
+        let diff = attention_vs_composed::<f64>([b, h, t, d], causal, packed, seed);
+        proptest::prop_assert!(diff < 1e-11, "{:?} causal {} packed {}: {:e}", [b, h, t, d], causal, packed, diff);
+    }
+}

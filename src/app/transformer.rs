@@ -24,8 +24,8 @@ pub struct Options {
     pub config: CharLmConfig,
     /// The text; `None` reads this crate's sources and docs ([`own_text`]).
     pub text: Option<PathBuf>,
-    /// Train again with the composed LayerNorm from the same start and
-    /// compare the loss curves.
+    /// Train again with the composed LayerNorm and attention from the same
+    /// start and compare the loss curves.
     pub composed: bool,
     /// Where to train (checked by [`Options::from_matches`]).
     pub device: Device,
@@ -113,7 +113,7 @@ pub fn command(name: &'static str) -> Command {
         .arg(path_arg("load", "Start from the weights in FILE (safetensors) instead of fresh ones"))
         .arg(super::shadow::arg())
         .args(common_args(
-            "Train again with the composed LayerNorm from the same start and print both loss curves",
+            "Train again with the composed LayerNorm and attention from the same start and print both loss curves",
         ))
 }
 
@@ -329,7 +329,10 @@ fn compare(
     let mut c = o.config;
     c.steps = fused.losses.len();
     c.time_limit = Duration::MAX;
-    println!("composed LayerNorm, same start, {} steps:", c.steps);
+    println!(
+        "composed LayerNorm and attention, same start, {} steps:",
+        c.steps
+    );
     twin.set_norm_impl(NormImpl::Composed);
     let twin = train(o, data, twin, &c, None)?;
     println!(

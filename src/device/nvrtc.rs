@@ -36,6 +36,7 @@ pub(crate) const FAMILIES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../../kernels/elementwise.cu")),
     ("reduce", include_str!("../../kernels/reduce.cu")),
     ("softmax", include_str!("../../kernels/softmax.cu")),
+    ("attention", include_str!("../../kernels/attention.cu")),
     ("loss", include_str!("../../kernels/loss.cu")),
     ("shape", include_str!("../../kernels/shape.cu")),
     ("embedding", include_str!("../../kernels/embedding.cu")),

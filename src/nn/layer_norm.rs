@@ -8,10 +8,11 @@ use crate::ops;
 use crate::tape::Var;
 use crate::tensor::Tensor;
 
-/// Which implementation a normalization layer runs.
+/// Which implementation a normalization layer (and the transformer's
+/// attention, `MultiHeadAttention`) runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NormImpl {
-    /// The fused op (one tape node, 2N saved statistics).
+    /// The fused op (one tape node; for a norm, 2N saved statistics).
     #[default]
     Fused,
     /// The twin built from primitive ops: same math, many nodes, far more

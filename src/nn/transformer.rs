@@ -11,8 +11,9 @@
 //! ```
 //!
 //! Its norms switch between the fused and the composed LayerNorm like
-//! [`LayerNorm`], so a whole model can train through either and the two
-//! runs compared.
+//! [`LayerNorm`], and its attention between `ops::attention_qkv` and its
+//! composed twin, with the same [`NormImpl`] switch, so a whole model can
+//! train through either and the two runs compared.
 
 use super::{prefixed, Init, LayerNorm, Linear, Module, NormImpl, ParamCursor, ParamName};
 use crate::dtype::Element;
@@ -86,12 +87,15 @@ impl<T: Element> Embedding<T> {
 /// `width -> 3 width` projection for queries, keys and values, `heads`
 /// heads of `width / heads`, scores scaled by `1 / sqrt(head_dim)`, a
 /// causal mask (a position sees itself and earlier ones), softmax, and an
-/// output projection.
+/// output projection. The attention itself is the fused
+/// `ops::attention_qkv` by default, or its composed twin
+/// ([`MultiHeadAttention::set_impl`]); parameters are the same either way.
 #[derive(Debug, Clone)]
 pub struct MultiHeadAttention<T: Element> {
     heads: usize,
     qkv: Linear<T>,
     proj: Linear<T>,
+    imp: NormImpl,
 }
 
 impl<T: Element> MultiHeadAttention<T> {
@@ -107,7 +111,19 @@ impl<T: Element> MultiHeadAttention<T> {
             heads,
             qkv: linear(width, 3 * width, rng)?,
             proj: linear(width, width, rng)?,
+            imp: NormImpl::Fused,
         })
+    }
+
+    /// Switches between the fused attention op and its composed twin
+    /// (`ops::attention_qkv` or `ops::attention_qkv_composed`).
+    pub fn set_impl(&mut self, imp: NormImpl) {
+        self.imp = imp;
+    }
+
+    /// The implementation in use.
+    pub fn imp(&self) -> NormImpl {
+        self.imp
     }
 }
 
@@ -138,18 +154,16 @@ impl<T: Element> Module<T> for MultiHeadAttention<T> {
                 msg: format!("input must be [batch, time, width], got {:?}", x.shape()),
             });
         };
-        let (h, hd) = (self.heads, w / self.heads);
-        // [b, t, 3w] -> [3, b, h, t, hd]: queries, keys, values per head.
+        let hd = w / self.heads;
+        let scale = 1.0 / (hd as f64).sqrt();
+        // The packed [b, t, 3w] projection goes in as it is, and the heads
+        // come out side by side as [b, t, w]: no permute copies.
         let qkv = self.qkv.forward_params(p, x)?;
-        let qkv = ops::permute(&ops::reshape(&qkv, &[b, t, 3, h, hd])?, &[2, 0, 3, 1, 4])?;
-        let part = |i: usize| ops::reshape(&ops::narrow(&qkv, 0, i, 1)?, &[b, h, t, hd]);
-        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = ops::matmul(&q, &ops::transpose(&k, -2, -1)?)?;
-        let scores = ops::scalar_mul(&scores, 1.0 / (hd as f64).sqrt())?;
-        let scores = ops::masked_fill(&scores, &ops::causal_mask(t)?, f64::NEG_INFINITY)?;
-        let att = ops::softmax(&scores, -1)?;
-        let y = ops::matmul(&att, &v)?;
-        let y = ops::reshape(&ops::permute(&y, &[0, 2, 1, 3])?, &[b, t, w])?;
+        let y = match self.imp {
+            NormImpl::Fused => ops::attention_qkv(&qkv, self.heads, true, scale)?,
+            NormImpl::Composed => ops::attention_qkv_composed(&qkv, self.heads, true, scale)?,
+        };
+        debug_assert_eq!(y.shape(), [b, t, w]);
         self.proj.forward_params(p, &y)
     }
 }
@@ -177,10 +191,12 @@ impl<T: Element> TransformerBlock<T> {
         })
     }
 
-    /// Switches both norms between the fused and the composed LayerNorm.
+    /// Switches both norms between the fused and the composed LayerNorm,
+    /// and the attention between the fused op and its composed twin.
     pub fn set_norm_impl(&mut self, imp: NormImpl) {
         self.ln1.set_impl(imp);
         self.ln2.set_impl(imp);
+        self.attn.set_impl(imp);
     }
 }
 
@@ -281,7 +297,8 @@ impl<T: Element> Gpt<T> {
         &self.config
     }
 
-    /// Switches every LayerNorm between fused and composed.
+    /// Switches every LayerNorm and every attention between fused and
+    /// composed.
     pub fn set_norm_impl(&mut self, imp: NormImpl) {
         for b in &mut self.blocks {
             b.set_norm_impl(imp);

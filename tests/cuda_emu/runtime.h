@@ -62,6 +62,20 @@ template <class V> inline V __shfl_xor_sync(unsigned mask, V v, int o, int width
     return r;
 }
 
+// Lane src_lane's v (within groups of width lanes), to every lane.
+template <class V> inline V __shfl_sync(unsigned mask, V v, int src_lane, int width = 32) {
+    static_assert(sizeof(V) <= 8, "shuffle of more than 8 bytes");
+    if (mask != 0xffffffffu) fg_emu_fail("__shfl_sync with a partial mask");
+    unsigned t = threadIdx.x, lane = t & 31, base = t & ~31u;
+    std::memcpy(&fg_emu_slot[t], &v, sizeof v);
+    fg_emu_warp();
+    unsigned src = (lane & ~(unsigned)(width - 1)) + ((unsigned)src_lane & (unsigned)(width - 1));
+    V r;
+    std::memcpy(&r, &fg_emu_slot[base + src], sizeof r);
+    fg_emu_warp();
+    return r;
+}
+
 inline unsigned __ballot_sync(unsigned mask, int p) {
     if (mask != 0xffffffffu) fg_emu_fail("__ballot_sync with a partial mask");
     unsigned t = threadIdx.x, base = t & ~31u;
