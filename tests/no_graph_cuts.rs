@@ -42,6 +42,7 @@ fn entry(
 fn entries() -> Vec<Entry> {
     let m: &[usize] = &[2, 3];
     let v: &[usize] = &[3];
+    let qkv4: &[usize] = &[1, 2, 3, 2];
     vec![
         entry("add", &[m, v], |x| ops::add(&x[0], &x[1])),
         entry("sub", &[m, v], |x| ops::sub(&x[0], &x[1])),
@@ -122,6 +123,20 @@ fn entries() -> Vec<Entry> {
         }),
         entry("rms_norm_composed_nd", &[&[2, 2, 3], &[2, 3]], |x| {
             ops::rms_norm_composed_nd(&x[0], &[2, 3], Some(&x[1]), 1e-5)
+        }),
+        // q, k, v of [batch 1, heads 2, T 3, head_dim 2]; causal and not.
+        entry("attention", &[qkv4, qkv4, qkv4], |x| {
+            ops::attention(&x[0], &x[1], &x[2], true, 0.7)
+        }),
+        entry("attention_composed", &[qkv4, qkv4, qkv4], |x| {
+            ops::attention_composed(&x[0], &x[1], &x[2], false, 0.7)
+        }),
+        // Packed projection of [batch 1, T 3, 3 * heads 2 * head_dim 2].
+        entry("attention_qkv", &[&[1, 3, 12]], |x| {
+            ops::attention_qkv(&x[0], 2, false, 0.7)
+        }),
+        entry("attention_qkv_composed", &[&[1, 3, 12]], |x| {
+            ops::attention_qkv_composed(&x[0], 2, true, 0.7)
         }),
     ]
 }
