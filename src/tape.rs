@@ -319,6 +319,13 @@ impl<T: Element> Tape<T> {
         }
     }
 
+    /// The name `var` was given by [`Tape::name_var`] (kept only while a
+    /// shadow watches the tape).
+    pub(crate) fn var_name(&self, var: &Var<T>) -> Option<String> {
+        let w = self.inner.shadow.borrow();
+        w.as_ref().and_then(|w| w.name_of(var.id))
+    }
+
     /// [`Tape::apply`] for a fused op with a composed twin: on a watched
     /// tape, when the shadow picks this call, the twin also runs on the same
     /// inputs and both forward and backward are checked. `twin` is called

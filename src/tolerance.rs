@@ -194,3 +194,15 @@ pub fn norm_shadow(dtype: &str, cond: f64) -> Tolerance {
         _ => norm_f32(cond),
     }
 }
+
+// ---- Attention ------------------------------------------------------------
+
+/// The fused attention against its composed twin in the same dtype, as the
+/// shadow check compares them, for differences measured over the size of
+/// the terms each result sums (`ops/attention/twin.rs`). `cond` is the
+/// largest scaled logit `|s_ij|` (at least 1): rounding an input by `u`
+/// moves `exp(s_ij)` by about `|s_ij| u` relative, in either path. The bars
+/// are the norms' shadow bars for the same `cond`.
+pub fn attention_shadow(dtype: &str, cond: f64) -> Tolerance {
+    norm_shadow(dtype, cond)
+}

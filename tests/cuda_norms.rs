@@ -431,3 +431,60 @@ fn the_shadow_check_runs_on_the_device_f32_bf16() {
         shadow_on::<half::bf16>(dev);
     }
 }
+
+/// The shadow check of the fused attention on the device, plain and
+/// packed: within tolerance, and a fault injected into one row of the
+/// device's `dk` is found at its call and row.
+fn shadow_attention_on<T: Element>(dev: Device) {
+    use fusegrad::shadow::Fault;
+    use fusegrad::{Shadow, ShadowConfig};
+    let mut rng = Rng::new(23);
+    let fault = Fault {
+        op: "attention".into(),
+        step: 0,
+        call: 1,
+        result: "dk".into(),
+        row: 5,
+        delta: if T::NAME == "bf16" { 50.0 } else { 0.5 },
+    };
+    let shadow = Shadow::new(ShadowConfig {
+        fault: Some(fault),
+        ..ShadowConfig::every(1)
+    });
+    let tape = Tape::<T>::new();
+    shadow.watch(&tape, 0);
+    let mut var = |shape: &[usize]| tape.var_on(normal::<T>(&mut rng, shape), dev).unwrap();
+    let (q, k, v) = (var(&[2, 2, 5, 8]), var(&[2, 2, 5, 8]), var(&[2, 2, 5, 8]));
+    let qkv = var(&[2, 5, 48]);
+    let y = ops::attention(&q, &k, &v, true, 0.35).unwrap(); // call 0
+    let y = ops::attention(&y, &k, &v, false, 0.35).unwrap(); // call 1: the fault
+    let z = ops::attention_qkv(&qkv, 2, true, 0.35).unwrap();
+    for out in [&y, &z] {
+        let cot = normal::<T>(&mut rng, out.shape()).to_device(dev).unwrap();
+        out.backward_with(&cot).unwrap();
+    }
+    let sites = shadow.sites();
+    let names: Vec<&str> = sites.iter().map(|s| s.site.as_str()).collect();
+    assert_eq!(
+        names,
+        ["attention#0", "attention#1", "attention_qkv#0"],
+        "{}",
+        T::NAME
+    );
+    for s in [&sites[0], &sites[2]] {
+        assert_eq!((s.calls, s.failures), (1, 0), "{} {s:?}", T::NAME);
+        assert!(s.worst_ratio() <= 1.0, "{s:?}");
+    }
+    let bad = sites[1].worst_grad.as_ref().unwrap();
+    assert!(!bad.passed(), "{bad:?}");
+    assert_eq!((bad.result.as_str(), bad.row.unwrap().row), ("dk", 5));
+    assert!(sites[1].worst_output.as_ref().unwrap().passed());
+}
+
+#[test]
+fn the_shadow_check_of_attention_runs_on_the_device_f32_bf16() {
+    if let Some(dev) = gpu() {
+        shadow_attention_on::<f32>(dev);
+        shadow_attention_on::<half::bf16>(dev);
+    }
+}

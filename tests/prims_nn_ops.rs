@@ -529,11 +529,18 @@ fn gelu_is_the_exact_erf_form_and_gelu_tanh_the_approximation() {
             dx[i]
         );
     }
-    // f32 computes in f64 and rounds once.
+    // f32 runs the vectorized kernel: within its stated 2 ulp of the f64
+    // value rounded once (`ops/elementwise/vmath.rs`).
     let x32 = tape_f32(&xs);
     let y32 = ops::gelu(&x32).unwrap();
     for (&g, r) in y32.value().as_slice().unwrap().iter().zip(&GELU) {
-        assert_eq!(g, r.1 as f32, "gelu({}) in f32", r.0);
+        let want = r.1 as f32;
+        let ulps = (g.to_bits() as i64 - want.to_bits() as i64).abs();
+        assert!(
+            g.is_sign_negative() == want.is_sign_negative() && ulps <= 2,
+            "gelu({}) in f32: {g} vs {want} ({ulps} ulp)",
+            r.0
+        );
     }
     // The tanh form at the same points, from its formula.
     let k = (2.0 / std::f64::consts::PI).sqrt();

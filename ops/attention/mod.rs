@@ -68,6 +68,7 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+pub(crate) mod twin;
 
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
@@ -452,7 +453,8 @@ pub fn attention<T: Element>(
     scale: f64,
 ) -> Result<Var<T>> {
     let g = heads_geometry(OP, q.shape(), k.shape(), v.shape(), scale)?;
-    Tape::apply(Attention { g, causal, scale }, &[q, k, v])
+    let op = Attention { g, causal, scale };
+    Tape::apply_twinned(op, &[q, k, v], || twin::twin(g, causal, scale))
 }
 
 /// [`attention`] on the packed projection `qkv` of `[batch, T, 3 * heads *
@@ -470,5 +472,6 @@ pub fn attention_qkv<T: Element>(
     scale: f64,
 ) -> Result<Var<T>> {
     let g = packed_geometry(OP_QKV, qkv.shape(), heads, scale)?;
-    Tape::apply(Attention { g, causal, scale }, &[qkv])
+    let op = Attention { g, causal, scale };
+    Tape::apply_twinned(op, &[qkv], || twin::twin(g, causal, scale))
 }

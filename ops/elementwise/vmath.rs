@@ -247,7 +247,10 @@ fn gauss_tail(a: f32) -> (f32, f32, f32, i32) {
     let (p0, p1) = (a < 1.5, a < 3.5);
     let pick = |t: &[f32; 3]| sel(p0, t[0], sel(p1, t[1], t[2]));
     let v = sel(p0, a - S_SHIFT[0], sel(p1, a - S_SHIFT[1], 1.0 / a));
-    let coef: [f32; 8] = std::array::from_fn(|k| pick(&[S_R[0][k], S_R[1][k], S_R[2][k]]));
+    // Written out: an `array::from_fn` loop here stays a loop, and a loop
+    // inside the body keeps the caller's element loop from vectorizing.
+    let c = |k: usize| pick(&[S_R[0][k], S_R[1][k], S_R[2][k]]);
+    let coef = [c(0), c(1), c(2), c(3), c(4), c(5), c(6), c(7)];
     let c0 = pick(&S_C0);
     let t = pick(&S_C0_LO) + v * horner(&coef, v);
     // -a^2/2 = hi + lo with hi exact: h keeps 12 significant bits of a,

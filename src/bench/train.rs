@@ -203,7 +203,7 @@ fn family(k: &Key) -> &'static str {
         (Phase::Accumulate, _) => ACCUM,
         (_, "matmul") if k.rank == 4 => ATT_MATMUL,
         (_, "matmul") => MATMUL,
-        (_, "attention") => ATT_FUSED,
+        (_, "attention" | "attention_qkv") => ATT_FUSED,
         (_, "scalar_mul") if k.rank == 4 => ATT_MASK,
         (_, "masked_fill") => ATT_MASK,
         (_, "softmax" | "log_softmax") => SOFTMAX,

@@ -259,6 +259,11 @@ pub struct ParamCursor<'a, T: Element> {
 }
 
 impl<'a, T: Element> ParamCursor<'a, T> {
+    /// The next bound parameter, without taking it.
+    pub(crate) fn peek(&self) -> Option<&'a Var<T>> {
+        self.vars.get(self.next)
+    }
+
     /// The next bound parameter, which must have `shape`; `op` names the
     /// layer in errors.
     pub fn take(&mut self, op: &'static str, shape: &[usize]) -> Result<&'a Var<T>> {

@@ -158,7 +158,14 @@ impl<T: Element> Module<T> for MultiHeadAttention<T> {
         let scale = 1.0 / (hd as f64).sqrt();
         // The packed [b, t, 3w] projection goes in as it is, and the heads
         // come out side by side as [b, t, w]: no permute copies.
+        let weight = p.peek();
         let qkv = self.qkv.forward_params(p, x)?;
+        // On a watched tape the projection is named after its weight
+        // (`blocks.2.attn.qkv`), so the shadow reports `blocks.2.attn`.
+        if let Some(name) = weight.and_then(|w| x.tape().var_name(w)) {
+            let layer = name.rsplit_once('.').map_or(name.as_str(), |(a, _)| a);
+            x.tape().name_var(&qkv, layer);
+        }
         let y = match self.imp {
             NormImpl::Fused => ops::attention_qkv(&qkv, self.heads, true, scale)?,
             NormImpl::Composed => ops::attention_qkv_composed(&qkv, self.heads, true, scale)?,

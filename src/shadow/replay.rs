@@ -1,5 +1,6 @@
 //! Replay files: the inputs of a shadow check that failed (its worst rows,
-//! the parameters whole and the output gradient's rows), in a safetensors
+//! the parameters whole and the output gradient's rows; everything whole
+//! for an op whose rows depend on each other), in a safetensors
 //! file with the op, its settings and the check in the metadata. Values are
 //! stored as f64, exactly (every element type widens to f64 without
 //! rounding), and rounded back to the recorded dtype to rerun.
@@ -57,7 +58,7 @@ pub(crate) fn write(
     judge: &dyn Judge,
     inputs: &[Vec<f64>],
     shapes: &[Vec<usize>],
-    cot: Option<&[f64]>,
+    cot: Option<(&[f64], &[usize])>,
     badness: &[f64],
 ) -> Result<PathBuf> {
     let safe: String = check
@@ -77,27 +78,39 @@ pub(crate) fn write(
     ));
     std::fs::create_dir_all(dir).map_err(|e| err(&path, e.to_string()))?;
     let d = judge.row_len().max(1);
-    let rows = keep_rows(badness);
-    let take = |v: &[f64]| -> Vec<f64> {
-        rows.iter()
-            .flat_map(|&r| v.get(r * d..(r + 1) * d).unwrap_or(&[]).iter().copied())
-            .collect()
-    };
     let names = judge.inputs();
     let mut blobs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (i, v) in inputs.iter().enumerate() {
-        let name = names.get(i).copied().unwrap_or("input").to_string();
-        if i == 0 {
-            blobs.push((name, vec![rows.len(), d], bytes(&take(v))));
-        } else {
+    let row_list = if judge.whole() {
+        for (i, v) in inputs.iter().enumerate() {
+            let name = names.get(i).copied().unwrap_or("input").to_string();
             blobs.push((name, shapes[i].clone(), bytes(v)));
         }
-    }
-    if let Some(c) = cot {
-        blobs.push(("dy".into(), vec![rows.len(), d], bytes(&take(c))));
-    }
+        if let Some((c, shape)) = cot {
+            blobs.push(("dy".into(), shape.to_vec(), bytes(c)));
+        }
+        "all".to_string()
+    } else {
+        let rows = keep_rows(badness);
+        let take = |v: &[f64]| -> Vec<f64> {
+            rows.iter()
+                .flat_map(|&r| v.get(r * d..(r + 1) * d).unwrap_or(&[]).iter().copied())
+                .collect()
+        };
+        for (i, v) in inputs.iter().enumerate() {
+            let name = names.get(i).copied().unwrap_or("input").to_string();
+            if i == 0 {
+                blobs.push((name, vec![rows.len(), d], bytes(&take(v))));
+            } else {
+                blobs.push((name, shapes[i].clone(), bytes(v)));
+            }
+        }
+        if let Some((c, _)) = cot {
+            blobs.push(("dy".into(), vec![rows.len(), d], bytes(&take(c))));
+        }
+        let row_list: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
+        row_list.join(",")
+    };
     let mut meta: HashMap<String, String> = judge.settings().into_iter().collect();
-    let row_list: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
     for (k, v) in [
         ("op", check.op.to_string()),
         ("dtype", check.dtype.to_string()),
@@ -107,7 +120,7 @@ pub(crate) fn write(
         ("result", check.result.clone()),
         ("diff", format!("{:e}", check.diff)),
         ("tol", format!("{:e}", check.tol)),
-        ("rows", row_list.join(",")),
+        ("rows", row_list),
         ("inputs", names.join(",")),
     ] {
         meta.insert(k.to_string(), v);
@@ -262,7 +275,10 @@ fn rerun<T: Element>(
             })
         })
         .collect::<Result<_>>()?;
-    let y = crate::ops::norm::twin::rerun(op, meta, &vars)?;
+    let y = match op {
+        "attention" | "attention_qkv" => crate::ops::attention::twin::rerun(op, meta, &vars)?,
+        _ => crate::ops::norm::twin::rerun(op, meta, &vars)?,
+    };
     if let Some(dy) = tensors.get(inputs) {
         y.backward_with(&tensor(dy)?.reshape(y.shape())?)?;
     }

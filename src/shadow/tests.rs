@@ -31,14 +31,26 @@ fn train<T: Element>(shadow: &Shadow, steps: usize) -> Result<()> {
     Ok(())
 }
 
-/// The norms of [`TINY`], in call order within a step.
-const SITES: [&str; 5] = [
+/// The fused ops of [`TINY`], in call order within a step.
+const SITES: [&str; 7] = [
     "blocks.0.ln1",
+    "blocks.0.attn",
     "blocks.0.ln2",
     "blocks.1.ln1",
+    "blocks.1.attn",
     "blocks.1.ln2",
     "ln_f",
 ];
+
+/// Checks per call: y and three gradients for a norm (x, gamma, beta); y
+/// and the packed dqkv for attention.
+fn checks_per_call(site: &str) -> usize {
+    if site.ends_with("attn") {
+        2
+    } else {
+        4
+    }
+}
 
 fn clean_run<T: Element>() {
     let shadow = Shadow::new(ShadowConfig::every(2));
@@ -50,8 +62,14 @@ fn clean_run<T: Element>() {
     let names: Vec<&str> = sites.iter().map(|s| s.site.as_str()).collect();
     assert_eq!(names, SITES, "{}", T::NAME);
     for s in &sites {
-        // Steps 0, 2 and 4; y, dx, dgamma and dbeta each time.
+        // Steps 0, 2 and 4.
         assert_eq!(s.calls, 3, "{s:?}");
+        let op = if s.site.ends_with("attn") {
+            "attention_qkv"
+        } else {
+            "layer_norm"
+        };
+        assert_eq!(s.op, op);
         assert_eq!(s.history.iter().map(|h| h.0).collect::<Vec<_>>(), [0, 2, 4]);
         assert_eq!(s.failures, 0, "{} {s:?}", T::NAME);
         let g = s.worst_grad.as_ref().unwrap();
@@ -59,7 +77,8 @@ fn clean_run<T: Element>() {
         assert_eq!(g.dtype, T::NAME);
         assert!(s.worst_ratio() <= 1.0);
     }
-    assert_eq!(*seen.borrow(), 3 * 4 * SITES.len());
+    let per_step: usize = SITES.iter().map(|s| checks_per_call(s)).sum();
+    assert_eq!(*seen.borrow(), 3 * per_step);
     assert!(shadow.all_passed());
 }
 
@@ -90,7 +109,7 @@ fn unwatched_steps_check_nothing_and_fractions_pick_calls() {
     });
     train::<f32>(&some, 8).unwrap();
     let calls: usize = some.sites().iter().map(|s| s.calls).sum();
-    assert!((8..32).contains(&calls), "{calls} of 40 calls checked");
+    assert!((12..44).contains(&calls), "{calls} of 56 calls checked");
     let ln_only = Shadow::new(ShadowConfig {
         ops: vec!["rms_norm".into()],
         ..ShadowConfig::every(1)
@@ -197,4 +216,95 @@ fn a_damaged_replay_file_is_an_error_naming_it() {
     let e = replay(&f, Device::Cpu, ShadowConfig::every(1)).unwrap_err();
     assert!(e.to_string().contains("bad.safetensors"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_fault_in_attention_is_found_at_its_layer_and_its_file_replays_whole() {
+    let dir = tmp("attn-fault");
+    // Row 3 (a position, all heads) of dqkv at the second attention call
+    // of step 0: blocks.1.attn.
+    let fault = Fault {
+        op: "attention_qkv".into(),
+        step: 0,
+        call: 1,
+        result: "dqkv".into(),
+        row: 3,
+        delta: 0.5,
+    };
+    let shadow = Shadow::new(ShadowConfig {
+        replay_dir: Some(dir.clone()),
+        fault: Some(fault.clone()),
+        ..ShadowConfig::every(1)
+    });
+    train::<f32>(&shadow, 2).unwrap();
+    let sites = shadow.sites();
+    let bad: Vec<&SiteReport> = sites.iter().filter(|s| s.failures > 0).collect();
+    assert_eq!(bad.len(), 1, "{sites:?}");
+    let s = bad[0];
+    assert_eq!(
+        (s.op, s.site.as_str(), s.failures),
+        ("attention_qkv", "blocks.1.attn", 1)
+    );
+    let g = s.worst_grad.as_ref().unwrap();
+    assert_eq!((g.step, g.call, g.result.as_str()), (0, 1, "dqkv"));
+    assert_eq!(g.row.unwrap().row, 3);
+    assert!(((g.fused - g.twin) - 0.5).abs() < 1e-3, "{g:?}");
+    assert!(g.diff > 100.0 * g.tol, "{g:?}");
+    // Attention's rows depend on each other: the file keeps everything.
+    let file = s.replay.clone().expect("a replay file");
+    let clean = replay(&file, Device::Cpu, ShadowConfig::every(1)).unwrap();
+    assert_eq!(clean.meta["rows"], "all");
+    assert_eq!(clean.meta["heads"], "2");
+    assert_eq!(clean.checks.len(), 2, "y, dqkv");
+    assert!(clean.checks.iter().all(Check::passed), "{clean}");
+    let again = replay(
+        &file,
+        Device::Cpu,
+        ShadowConfig {
+            fault: Some(Fault { call: 0, ..fault }),
+            ..ShadowConfig::every(1)
+        },
+    )
+    .unwrap();
+    let d = again.recorded_result().unwrap();
+    assert!(!d.passed(), "{again}");
+    assert!(((d.fused - d.twin) - 0.5).abs() < 1e-3, "{again}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_attention_judge_sizes_results_by_their_terms() {
+    use crate::ops::attention::twin::twin;
+    use crate::ops::attention::Geometry;
+    // One head, T = 2, d = 1, causal: p = [[1, 0], [a, 1 - a]].
+    let g = Geometry {
+        batch: 1,
+        heads: 1,
+        t: 2,
+        d: 1,
+        packed: false,
+    };
+    let judge = twin::<f64>(g, true, 1.0).judge;
+    let (q, k, v) = (vec![1.0, 2.0], vec![0.5, -1.0], vec![3.0, -4.0]);
+    let s10 = 2.0 * 0.5;
+    let s11 = 2.0 * -1.0;
+    let a = 1.0 / (1.0 + f64::exp(s11 - s10));
+    let inputs = vec![q, k, v];
+    let y = judge.scales(&inputs, None);
+    assert_eq!(y.len(), 1);
+    assert!(
+        (y[0] - f64::max(3.0, a * 3.0 + (1.0 - a) * 4.0)).abs() < 1e-12,
+        "{y:?}"
+    );
+    let cot = [1.0, -2.0];
+    let s = judge.scales(&inputs, Some(&cot));
+    assert_eq!(s.len(), 4, "y, dq, dk, dv");
+    // dv: column sums of p |dO|: [1 + 2a, 2(1 - a)].
+    assert!(
+        (s[3] - f64::max(1.0 + 2.0 * a, 2.0 * (1.0 - a))).abs() < 1e-12,
+        "{s:?}"
+    );
+    let cond = judge.row_condition(&inputs);
+    assert_eq!(cond, vec![1.0, 2.0], "max |s| per query row, at least 1");
+    assert!(judge.whole());
 }

@@ -18,6 +18,11 @@ pub(crate) trait Judge {
     /// The first input and the output are rows of this length; the other
     /// inputs are parameters, taken whole.
     fn row_len(&self) -> usize;
+    /// Whether a row's result depends on other rows (attention): then a
+    /// replay file keeps every input and the output gradient whole.
+    fn whole(&self) -> bool {
+        false
+    }
     /// The size of the terms each result is made of: the output's alone
     /// (`cot` None), else the output's and then each input's gradient's.
     fn scales(&self, inputs: &[Vec<f64>], cot: Option<&[f64]>) -> Vec<f64>;
@@ -69,6 +74,10 @@ impl Watch {
 
     pub(crate) fn name(&mut self, id: usize, name: &str) {
         self.names.insert(id, name.to_string());
+    }
+
+    pub(crate) fn name_of(&self, id: usize) -> Option<String> {
+        self.names.get(&id).cloned()
     }
 
     /// Counts a call of `op` on inputs `ids`; a probe if it is checked.
@@ -310,7 +319,7 @@ impl<T: Element> Side<T> {
                 &*self.judge,
                 &self.host,
                 &self.shapes,
-                grad.map(|(_, c)| c),
+                grad.map(|(_, c)| (c, self.output.shape())),
                 &badness,
             )
         };
