@@ -7,94 +7,191 @@
 //! `dq`, and so on), not against a result that may cancel to zero.
 
 use super::{attention, attention_qkv, Geometry};
+use crate::device::cpu::run_each;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops::{attention_composed, attention_qkv_composed};
 use crate::shadow::{Judge, Twin};
 use crate::tape::Var;
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-/// An attention node's settings, as it was built.
+/// An attention node's settings, as it was built. One judge serves one
+/// checked call, so the heads it reads from that call's inputs are kept.
 pub(crate) struct AttentionJudge {
+    spec: Spec,
+    heads: OnceCell<Vec<Head>>,
+}
+
+/// The node's geometry and settings (shared by the threads that judge
+/// its heads).
+#[derive(Clone, Copy)]
+struct Spec {
     g: Geometry,
     causal: bool,
     scale: f64,
 }
 
-/// One head's probabilities `p` (`T x T`, zero where masked) and each
-/// query row's largest `|s_ij|` (the logits' size).
+/// One head in f64: `|q|`, `|k|`, `|v|` as contiguous `[T, d]` rows, the
+/// probabilities `p` (`T x T`, zero where masked) and each query row's
+/// largest `|s_ij|` (the logits' size).
 struct Head {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
     p: Vec<f64>,
     big: Vec<f64>,
 }
 
+/// `acc += w * x`.
+fn axpy(acc: &mut [f64], w: f64, x: &[f64]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += w * b;
+    }
+}
+
+fn max_of(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
 impl AttentionJudge {
-    /// Row `i` of input `which` (0 q, 1 k, 2 v) of head `bh`.
-    fn row<'a>(&self, inputs: &'a [Vec<f64>], which: usize, bh: usize, i: usize) -> &'a [f64] {
-        let src = &inputs[if self.g.packed { 0 } else { which }];
-        let (off, stride) = self.g.input_rows(which, bh);
-        let at = off + i * stride;
-        src.get(at..at + self.g.d).unwrap_or(&[])
+    fn new(g: Geometry, causal: bool, scale: f64) -> Self {
+        AttentionJudge {
+            spec: Spec { g, causal, scale },
+            heads: OnceCell::new(),
+        }
     }
 
-    fn sees(&self, i: usize, j: usize) -> bool {
-        !self.causal || j <= i
+    /// Every head, read once per call (one thread team task per head).
+    fn heads(&self, inputs: &[Vec<f64>]) -> &[Head] {
+        self.heads.get_or_init(|| {
+            let spec = self.spec;
+            let all: Vec<usize> = (0..spec.g.batch * spec.g.heads).collect();
+            run_each(all, |bh| spec.head(inputs, bh))
+        })
+    }
+}
+
+impl Spec {
+
+    /// `t` rows of `d` starting at `off`, `stride` apart, from `src`, as
+    /// `|x|` when `abs`, contiguous (NaN past the end of `src`).
+    fn gather(&self, src: &[f64], (off, stride): (usize, usize), abs: bool) -> Vec<f64> {
+        let (t, d) = (self.g.t, self.g.d);
+        let mut out = Vec::with_capacity(t * d);
+        for i in 0..t {
+            let at = off + i * stride;
+            match src.get(at..at + d) {
+                Some(r) if abs => out.extend(r.iter().map(|x| x.abs())),
+                Some(r) => out.extend_from_slice(r),
+                None => out.extend(std::iter::repeat_n(f64::NAN, d)),
+            }
+        }
+        out
+    }
+
+    /// Head `bh`'s rows of input `which` (0 q, 1 k, 2 v).
+    fn rows(&self, inputs: &[Vec<f64>], which: usize, bh: usize) -> Vec<f64> {
+        let src = &inputs[if self.g.packed { 0 } else { which }];
+        self.gather(src, self.g.input_rows(which, bh), false)
+    }
+
+    /// The keys query row `i` sees: `0..seen(i)`.
+    fn seen(&self, i: usize) -> usize {
+        if self.causal {
+            (i + 1).min(self.g.t)
+        } else {
+            self.g.t
+        }
     }
 
     fn head(&self, inputs: &[Vec<f64>], bh: usize) -> Head {
-        let t = self.g.t;
+        let (t, d) = (self.g.t, self.g.d);
+        let (q, k, v) = (
+            self.rows(inputs, 0, bh),
+            self.rows(inputs, 1, bh),
+            self.rows(inputs, 2, bh),
+        );
         let (mut p, mut big) = (vec![0.0; t * t], vec![0.0f64; t]);
         for i in 0..t {
-            let q = self.row(inputs, 0, bh, i);
-            let s = &mut p[i * t..(i + 1) * t];
+            let qi = &q[i * d..(i + 1) * d];
+            let s = &mut p[i * t..i * t + self.seen(i)];
             let mut m = f64::NEG_INFINITY;
-            for (j, sj) in s.iter_mut().enumerate().filter(|(j, _)| self.sees(i, *j)) {
-                let k = self.row(inputs, 1, bh, j);
-                *sj = self.scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>();
+            for (j, sj) in s.iter_mut().enumerate() {
+                let kj = &k[j * d..(j + 1) * d];
+                *sj = self.scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>();
                 m = m.max(*sj);
                 big[i] = big[i].max(sj.abs());
             }
             let mut z = 0.0;
-            for (j, sj) in s.iter_mut().enumerate() {
-                *sj = if self.sees(i, j) {
-                    (*sj - m).exp()
-                } else {
-                    0.0
-                };
+            for sj in s.iter_mut() {
+                *sj = (*sj - m).exp();
                 z += *sj;
             }
             s.iter_mut().for_each(|v| *v /= z);
         }
-        Head { p, big }
-    }
-
-    /// Row `i` of head `bh` of the output gradient.
-    fn cot_row<'a>(&self, cot: &'a [f64], bh: usize, i: usize) -> &'a [f64] {
-        let (off, stride) = self.g.out_rows(bh);
-        let at = off + i * stride;
-        cot.get(at..at + self.g.d).unwrap_or(&[])
-    }
-}
-
-/// `max over c of sum_j w_j |rows_j[c]|`, the size of a weighted row sum.
-fn weighted<'a>(
-    w: impl Iterator<Item = (f64, usize)>,
-    row: impl Fn(usize) -> &'a [f64],
-    d: usize,
-) -> f64 {
-    let mut acc = vec![0.0f64; d];
-    for (wj, j) in w {
-        for (a, r) in acc.iter_mut().zip(row(j)) {
-            *a += wj * r.abs();
+        let abs = |v: Vec<f64>| v.into_iter().map(f64::abs).collect();
+        Head {
+            q: abs(q),
+            k: abs(k),
+            v: abs(v),
+            p,
+            big,
         }
     }
-    acc.into_iter().fold(0.0, f64::max)
+
+    /// Head `bh`'s `[y, dq / |scale|, dk / |scale|, dv]` term sizes (the
+    /// gradients' only with `cot`).
+    fn head_scales(&self, h: &Head, bh: usize, cot: Option<&[f64]>) -> [f64; 4] {
+        let (t, d) = (self.g.t, self.g.d);
+        let (mut sy, mut sq) = (0.0f64, 0.0f64);
+        let mut acc = vec![0.0; d];
+        for i in 0..t {
+            acc.fill(0.0);
+            for j in 0..self.seen(i) {
+                axpy(&mut acc, h.p[i * t + j], &h.v[j * d..(j + 1) * d]);
+            }
+            sy = sy.max(max_of(&acc));
+        }
+        let Some(cot) = cot else {
+            return [sy, 0.0, 0.0, 0.0];
+        };
+        let dout = self.gather(cot, self.g.out_rows(bh), true);
+        // e_ij, the size of ds_ij.
+        let mut e = vec![0.0; t * t];
+        for i in 0..t {
+            let di = &dout[i * d..(i + 1) * d];
+            let row = &mut e[i * t..i * t + self.seen(i)];
+            for (j, a) in row.iter_mut().enumerate() {
+                let vj = &h.v[j * d..(j + 1) * d];
+                *a = di.iter().zip(vj).map(|(x, y)| x * y).sum::<f64>();
+            }
+            let pi = &h.p[i * t..(i + 1) * t];
+            let big_d: f64 = row.iter().zip(pi).map(|(a, p)| a * p).sum();
+            for (a, p) in row.iter_mut().zip(pi) {
+                *a = p * (*a + big_d);
+            }
+        }
+        let (mut dk, mut dv) = (vec![0.0; t * d], vec![0.0; t * d]);
+        for i in 0..t {
+            acc.fill(0.0);
+            let (qi, di) = (&h.q[i * d..(i + 1) * d], &dout[i * d..(i + 1) * d]);
+            for j in 0..self.seen(i) {
+                let eij = e[i * t + j];
+                axpy(&mut acc, eij, &h.k[j * d..(j + 1) * d]);
+                axpy(&mut dk[j * d..(j + 1) * d], eij, qi);
+                axpy(&mut dv[j * d..(j + 1) * d], h.p[i * t + j], di);
+            }
+            sq = sq.max(max_of(&acc));
+        }
+        [sy, sq, max_of(&dk), max_of(&dv)]
+    }
 }
 
 impl Judge for AttentionJudge {
     fn inputs(&self) -> &[&'static str] {
-        if self.g.packed {
+        if self.spec.g.packed {
             &["qkv"]
         } else {
             &["q", "k", "v"]
@@ -102,10 +199,10 @@ impl Judge for AttentionJudge {
     }
 
     fn row_len(&self) -> usize {
-        if self.g.packed {
-            3 * self.g.heads * self.g.d
+        if self.spec.g.packed {
+            3 * self.spec.g.heads * self.spec.g.d
         } else {
-            self.g.d
+            self.spec.g.d
         }
     }
 
@@ -120,45 +217,16 @@ impl Judge for AttentionJudge {
     /// sum_i p_ij |dO_i|`. The packed `dqkv` takes the largest of the
     /// three. Zero or non-finite scales become 1.
     fn scales(&self, inputs: &[Vec<f64>], cot: Option<&[f64]>) -> Vec<f64> {
-        let (t, d) = (self.g.t, self.g.d);
-        let (mut sy, mut sq, mut sk, mut sv) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-        for bh in 0..self.g.batch * self.g.heads {
-            let h = self.head(inputs, bh);
-            let p = |i: usize, j: usize| h.p[i * t + j];
-            for i in 0..t {
-                let v = |j| self.row(inputs, 2, bh, j);
-                sy = sy.max(weighted((0..t).map(|j| (p(i, j), j)), v, d));
-            }
-            let Some(cot) = cot else { continue };
-            let mut e = vec![0.0; t * t];
-            for i in 0..t {
-                let dout = self.cot_row(cot, bh, i);
-                let a: Vec<f64> = (0..t)
-                    .map(|j| {
-                        let v = self.row(inputs, 2, bh, j);
-                        dout.iter().zip(v).map(|(x, y)| (x * y).abs()).sum()
-                    })
-                    .collect();
-                let big_d: f64 = (0..t).map(|j| p(i, j) * a[j]).sum();
-                for j in 0..t {
-                    e[i * t + j] = p(i, j) * (a[j] + big_d);
-                }
-            }
-            for i in 0..t {
-                let k = |j| self.row(inputs, 1, bh, j);
-                sq = sq.max(weighted((0..t).map(|j| (e[i * t + j], j)), k, d));
-            }
-            for j in 0..t {
-                let q = |i| self.row(inputs, 0, bh, i);
-                sk = sk.max(weighted((0..t).map(|i| (e[i * t + j], i)), q, d));
-                let dout = |i| self.cot_row(cot, bh, i);
-                sv = sv.max(weighted((0..t).map(|i| (p(i, j), i)), dout, d));
-            }
-        }
-        let (sq, sk) = (sq * self.scale.abs(), sk * self.scale.abs());
+        let spec = self.spec;
+        let heads: Vec<(usize, &Head)> = self.heads(inputs).iter().enumerate().collect();
+        let per_head = run_each(heads, |(bh, h)| spec.head_scales(h, bh, cot));
+        let [sy, sq, sk, sv] = per_head.into_iter().fold([0.0f64; 4], |a, b| {
+            [a[0].max(b[0]), a[1].max(b[1]), a[2].max(b[2]), a[3].max(b[3])]
+        });
+        let (sq, sk) = (sq * spec.scale.abs(), sk * spec.scale.abs());
         let mut out = vec![sy];
         if cot.is_some() {
-            if self.g.packed {
+            if spec.g.packed {
                 out.push(sq.max(sk).max(sv));
             } else {
                 out.extend([sq, sk, sv]);
@@ -173,11 +241,11 @@ impl Judge for AttentionJudge {
     /// position with every head): the largest `|s_ij|`, at least 1. An
     /// input rounded by `u` moves `p_ij` by about `|s| u` relative.
     fn row_condition(&self, inputs: &[Vec<f64>]) -> Vec<f64> {
-        let (b, h, t) = (self.g.batch, self.g.heads, self.g.t);
+        let (b, h, t) = (self.spec.g.batch, self.spec.g.heads, self.spec.g.t);
         let mut cond = vec![1.0f64; b * h * t];
-        for bh in 0..b * h {
-            for (i, big) in self.head(inputs, bh).big.into_iter().enumerate() {
-                let row = if self.g.packed {
+        for (bh, head) in self.heads(inputs).iter().enumerate() {
+            for (i, &big) in head.big.iter().enumerate() {
+                let row = if self.spec.g.packed {
                     (bh / h) * t + i
                 } else {
                     bh * t + i
@@ -185,7 +253,7 @@ impl Judge for AttentionJudge {
                 cond[row] = cond[row].max(big);
             }
         }
-        cond.truncate(if self.g.packed { b * t } else { b * h * t });
+        cond.truncate(if self.spec.g.packed { b * t } else { b * h * t });
         cond
     }
 
@@ -196,10 +264,10 @@ impl Judge for AttentionJudge {
 
     fn settings(&self) -> Vec<(String, String)> {
         vec![
-            ("causal".into(), self.causal.to_string()),
+            ("causal".into(), self.spec.causal.to_string()),
             // `{:?}` prints the shortest text that parses back exactly.
-            ("scale".into(), format!("{:?}", self.scale)),
-            ("heads".into(), self.g.heads.to_string()),
+            ("scale".into(), format!("{:?}", self.spec.scale)),
+            ("heads".into(), self.spec.g.heads.to_string()),
         ]
     }
 }
@@ -214,7 +282,7 @@ pub(crate) fn twin<'a, T: Element>(g: Geometry, causal: bool, scale: f64) -> Twi
                 attention_composed(&v[0], &v[1], &v[2], causal, scale)
             }
         }),
-        judge: Rc::new(AttentionJudge { g, causal, scale }),
+        judge: Rc::new(AttentionJudge::new(g, causal, scale)),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Gradient clipping by global norm.
 
-use crate::dtype::Element;
+use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::ops::elementwise::{unary, Unary};
 use crate::ops::reduce::sum_kernel;
@@ -22,6 +22,23 @@ pub fn clip_grad_norm<T: Element>(grads: &mut [Tensor<T>], max_norm: f64) -> Res
     }
     let mut sq = 0.0f64;
     for g in grads.iter() {
+        // On the CPU: squares summed in f64 in place, four running sums.
+        if let (crate::Device::Cpu, Ok(v)) = (g.device(), g.as_slice()) {
+            let mut part = [0.0f64; 4];
+            let mut quads = v.chunks_exact(4);
+            for q in &mut quads {
+                for (s, e) in part.iter_mut().zip(q) {
+                    let x = e.to_acc().f64();
+                    *s += x * x;
+                }
+            }
+            for e in quads.remainder() {
+                let x = e.to_acc().f64();
+                part[0] += x * x;
+            }
+            sq += part.iter().sum::<f64>();
+            continue;
+        }
         let wide = g.cast::<f64>()?;
         let s = sum_kernel(
             &unary(Unary::Powi(2), &wide)?,

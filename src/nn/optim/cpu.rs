@@ -58,17 +58,17 @@ pub(super) fn update<T: Element>(
             let (one_b1, one_b2) = (acc(1.0 - b1), acc(1.0 - b2));
             let (b1, b2, c1, c2) = (acc(b1), acc(b2), acc(c1), acc(c2));
             let (lr, eps, wd) = (acc(lr), acc(eps), acc(wd));
-            chunks(&mut out, &mut state, |i| {
-                let (w, gi) = (p[i].to_acc(), g[i].to_acc());
+            let rule = |w: T::Acc, gi: T::Acc, m0: T::Acc, v0: T::Acc| {
                 let (w, gi) = if decoupled {
                     (w - lr * wd * w, gi)
                 } else {
                     (w, gi + wd * w)
                 };
-                let m = b1 * old(0, i) + one_b1 * gi;
-                let v = b2 * old(1, i) + one_b2 * gi * gi;
-                (w - lr * (m / c1) / ((v / c2).sqrt() + eps), [m, v])
-            });
+                let m = b1 * m0 + one_b1 * gi;
+                let v = b2 * v0 + one_b2 * gi * gi;
+                (w - lr * (m / c1) / ((v / c2).sqrt() + eps), m, v)
+            };
+            adam_chunks(&mut out, &mut state, p, g, prev, rule);
         }
     }
     (out, state)
@@ -100,6 +100,50 @@ fn chunks<T: Element>(
             *oj = T::from_acc(w);
             for (sk, v) in st.iter_mut().zip(s) {
                 sk[j] = v;
+            }
+        }
+    });
+}
+
+/// Adam's loop: `rule(w, g, m, v)` gives the new parameter and moments,
+/// over fixed chunks of equal-length slices (no per-element index checks,
+/// so the loop vectorizes). `prev` empty reads the moments as zeros.
+fn adam_chunks<T: Element>(
+    out: &mut [T],
+    state: &mut [Buffer<T::Acc>],
+    p: &[T],
+    g: &[T],
+    prev: &[&[T::Acc]],
+    rule: impl Fn(T::Acc, T::Acc, T::Acc, T::Acc) -> (T::Acc, T::Acc, T::Acc) + Sync,
+) {
+    let [ms, vs] = state else {
+        unreachable!("Adam keeps two moments")
+    };
+    let zero = T::Acc::ZERO;
+    let jobs: Vec<_> = out
+        .chunks_mut(CHUNK)
+        .zip(ms.chunks_mut(CHUNK))
+        .zip(vs.chunks_mut(CHUNK))
+        .enumerate()
+        .collect();
+    run_each(jobs, |(c, ((o, m), v))| {
+        let n = o.len();
+        let r = c * CHUNK..c * CHUNK + n;
+        let (p, g) = (&p[r.clone()], &g[r.clone()]);
+        let (m, v) = (&mut m[..n], &mut v[..n]);
+        match prev {
+            [m0, v0] => {
+                let (m0, v0) = (&m0[r.clone()], &v0[r]);
+                for i in 0..o.len() {
+                    let (w, mi, vi) = rule(p[i].to_acc(), g[i].to_acc(), m0[i], v0[i]);
+                    (o[i], m[i], v[i]) = (T::from_acc(w), mi, vi);
+                }
+            }
+            _ => {
+                for i in 0..o.len() {
+                    let (w, mi, vi) = rule(p[i].to_acc(), g[i].to_acc(), zero, zero);
+                    (o[i], m[i], v[i]) = (T::from_acc(w), mi, vi);
+                }
             }
         }
     });
