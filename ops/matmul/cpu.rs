@@ -246,6 +246,32 @@ mod tests {
         assert_eq!(o32, r32);
     }
 
+    /// Bands of any height give the bits of one product over all rows
+    /// (what makes the result independent of the thread count), for
+    /// values that round, in both kernel types.
+    #[test]
+    fn a_band_computes_its_rows_as_the_whole_product_does() {
+        fn check<G: Gemm + PartialEq + std::fmt::Debug>(of: impl Fn(f64) -> G) {
+            let (m, k, n) = (300, 517, 129);
+            let mut rng = crate::rng::Rng::new(3);
+            let a: Vec<G> = (0..m * k).map(|_| of(rng.normal())).collect();
+            let b: Vec<G> = (0..k * n).map(|_| of(rng.normal())).collect();
+            let mut whole = vec![of(0.0); m * n];
+            G::gemm([m, k, n], &a, [k as isize, 1], &b, [n as isize, 1], &mut whole);
+            for band in [1, 7, 32, 100, 257] {
+                let mut banded = vec![of(0.0); m * n];
+                for (r, o) in banded.chunks_mut(band * n).enumerate() {
+                    let rows = o.len() / n;
+                    let a0 = r * band * k;
+                    G::gemm([rows, k, n], &a[a0..], [k as isize, 1], &b, [n as isize, 1], o);
+                }
+                assert!(banded == whole, "bands of {band} rows");
+            }
+        }
+        check(|v| v as f32);
+        check(|v| v);
+    }
+
     #[test]
     fn half_types_widen_and_batches_broadcast() {
         use half::bf16;
