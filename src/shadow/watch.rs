@@ -181,6 +181,9 @@ pub(crate) struct Side<T: Element> {
     /// The inputs in f64, and their shapes.
     host: Vec<Vec<f64>>,
     shapes: Vec<Vec<usize>>,
+    /// Per row of the first input, its condition; and the tolerance.
+    conds: Vec<f64>,
+    tol: f64,
     fault: Option<Fault>,
 }
 
@@ -212,13 +215,17 @@ impl<T: Element> Side<T> {
             .map(|v| v.value().to_f64_vec())
             .collect::<Result<Vec<_>>>()?;
         let fault = probe.shadow.fault(probe.op, probe.step, probe.call);
+        let judge = twin.judge;
+        let (conds, tol) = (judge.row_condition(&host), judge.tolerance(T::NAME, &host));
         let mut side = Side {
             probe,
-            judge: twin.judge,
+            judge,
             inputs: leaves,
             output,
             host,
             shapes: inputs.iter().map(|v| v.shape().to_vec()).collect(),
+            conds,
+            tol,
             fault,
         };
         let d = side.judge.row_len();
@@ -228,7 +235,8 @@ impl<T: Element> Side<T> {
         };
         let fused = faulty.as_ref().unwrap_or(y).to_f64_vec()?;
         let twin_y = side.output.value().to_f64_vec()?;
-        side.check("y", &fused, &twin_y, None)?;
+        let scale = side.judge.scales(&side.host, None)[0];
+        side.check("y", &fused, &twin_y, None, scale)?;
         side.fault = side.fault.take().filter(|f| f.result != "y");
         Ok((side, faulty))
     }
@@ -244,6 +252,8 @@ impl<T: Element> Side<T> {
     ) -> Result<()> {
         let twin = self.output.backward_with(g)?;
         let cot = g.to_f64_vec()?;
+        // The output's size first, then each input gradient's.
+        let scales = self.judge.scales(&self.host, Some(&cot));
         let names = self.judge.inputs();
         let d = self.judge.row_len();
         for (i, slot) in grads.iter_mut().enumerate() {
@@ -256,7 +266,8 @@ impl<T: Element> Side<T> {
             }
             let fused = sum_to_shape(self.probe.op, fused, &self.shapes[i])?;
             let want = twin.wrt(&self.inputs[i])?.to_f64_vec()?;
-            self.check(&name, &fused.to_f64_vec()?, &want, Some((i, &cot)))?;
+            let scale = scales.get(1 + i).copied().unwrap_or(1.0);
+            self.check(&name, &fused.to_f64_vec()?, &want, Some((i, &cot)), scale)?;
         }
         Ok(())
     }
@@ -266,28 +277,25 @@ impl<T: Element> Side<T> {
         self.output.tape().saved_bytes()
     }
 
-    /// Compares one result and records the check. `grad` is the input's
-    /// index and the output gradient, for a gradient.
+    /// Compares one result, of term size `scale`, and records the check.
+    /// `grad` is the input's index and the output gradient, for a
+    /// gradient.
     fn check(
         &self,
         result: &str,
         fused: &[f64],
         twin: &[f64],
         grad: Option<(usize, &[f64])>,
+        scale: f64,
     ) -> Result<()> {
         let p = &self.probe;
         let d = self.judge.row_len().max(1);
-        let scales = self.judge.scales(&self.host, grad.map(|(_, c)| c));
-        let scale = match grad {
-            None => scales[0],
-            Some((i, _)) => scales.get(1 + i).copied().unwrap_or(1.0),
-        };
         let (m, at) = max_diff(fused, twin);
-        let conds = self.judge.row_condition(&self.host);
+        let conds = &self.conds;
         // Row-shaped results point at their worst row; a parameter's
         // gradient sums over every row, so the hardest row stands in.
         let row_shaped = fused.len() == self.host[0].len();
-        let row = if row_shaped { at / d } else { argmax(&conds) };
+        let row = if row_shaped { at / d } else { argmax(conds) };
         let check = Check {
             step: p.step,
             op: p.op,
@@ -297,7 +305,7 @@ impl<T: Element> Side<T> {
             diff: m / scale,
             fused: fused.get(at).copied().unwrap_or(f64::NAN),
             twin: twin.get(at).copied().unwrap_or(f64::NAN),
-            tol: self.judge.tolerance(T::NAME, &self.host),
+            tol: self.tol,
             dtype: T::NAME,
             row: row_stats(&self.host[0], d, row),
         };
