@@ -74,7 +74,6 @@ impl AttentionJudge {
 }
 
 impl Spec {
-
     /// `t` rows of `d` starting at `off`, `stride` apart, from `src`, as
     /// `|x|` when `abs`, contiguous (NaN past the end of `src`).
     fn gather(&self, src: &[f64], (off, stride): (usize, usize), abs: bool) -> Vec<f64> {
@@ -221,7 +220,12 @@ impl Judge for AttentionJudge {
         let heads: Vec<(usize, &Head)> = self.heads(inputs).iter().enumerate().collect();
         let per_head = run_each(heads, |(bh, h)| spec.head_scales(h, bh, cot));
         let [sy, sq, sk, sv] = per_head.into_iter().fold([0.0f64; 4], |a, b| {
-            [a[0].max(b[0]), a[1].max(b[1]), a[2].max(b[2]), a[3].max(b[3])]
+            [
+                a[0].max(b[0]),
+                a[1].max(b[1]),
+                a[2].max(b[2]),
+                a[3].max(b[3]),
+            ]
         });
         let (sq, sk) = (sq * spec.scale.abs(), sk * spec.scale.abs());
         let mut out = vec![sy];

@@ -257,13 +257,27 @@ mod tests {
             let a: Vec<G> = (0..m * k).map(|_| of(rng.normal())).collect();
             let b: Vec<G> = (0..k * n).map(|_| of(rng.normal())).collect();
             let mut whole = vec![of(0.0); m * n];
-            G::gemm([m, k, n], &a, [k as isize, 1], &b, [n as isize, 1], &mut whole);
+            G::gemm(
+                [m, k, n],
+                &a,
+                [k as isize, 1],
+                &b,
+                [n as isize, 1],
+                &mut whole,
+            );
             for band in [1, 7, 32, 100, 257] {
                 let mut banded = vec![of(0.0); m * n];
                 for (r, o) in banded.chunks_mut(band * n).enumerate() {
                     let rows = o.len() / n;
                     let a0 = r * band * k;
-                    G::gemm([rows, k, n], &a[a0..], [k as isize, 1], &b, [n as isize, 1], o);
+                    G::gemm(
+                        [rows, k, n],
+                        &a[a0..],
+                        [k as isize, 1],
+                        &b,
+                        [n as isize, 1],
+                        o,
+                    );
                 }
                 assert!(banded == whole, "bands of {band} rows");
             }

@@ -286,8 +286,8 @@ fn the_attention_judge_sizes_results_by_their_terms() {
     };
     let judge = twin::<f64>(g, true, 1.0).judge;
     let (q, k, v) = (vec![1.0, 2.0], vec![0.5, -1.0], vec![3.0, -4.0]);
-    let s10 = 2.0 * 0.5;
-    let s11 = 2.0 * -1.0;
+    // Row 1: s_10 = q_1 k_0 = 2 * 0.5, s_11 = q_1 k_1 = 2 * (-1).
+    let (s10, s11) = (1.0, -2.0);
     let a = 1.0 / (1.0 + f64::exp(s11 - s10));
     let inputs = vec![q, k, v];
     let y = judge.scales(&inputs, None);
