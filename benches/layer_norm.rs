@@ -1,5 +1,5 @@
 //! Criterion benches: fused against composed LayerNorm, forward and
-//! backward, on the issue's shapes (f32, with gamma and beta), and the
+//! backward, on `fusegrad::bench::SHAPES` (f32, with gamma and beta), and the
 //! 1,000-op tape chain.
 //!
 //! ```sh

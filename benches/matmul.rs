@@ -1,71 +1,92 @@
-//! GFLOP/s of the CPU matrix product: the kernel `ops::matmul` runs
-//! (`matrixmultiply`, banded over the thread team) against the tiled loop
-//! the crate used before, on square f32 products, alternated rep by rep.
+//! GFLOP/s of the CPU matrix product (`matrixmultiply`, banded over the
+//! thread team: the kernel `ops::matmul` runs) on the products of the
+//! default transformer's training step: each Linear layer's forward
+//! `[1024, in] @ [in, out]`, input gradient `[1024, out] @ [out, in]` and
+//! weight gradient `[in, 1024] @ [1024, out]`, at 16 x 64 rows. These are
+//! most of the step (`fusegrad bench --train`), so this is where the step's
+//! speed is bounded. Operands here are contiguous; in the step the
+//! gradients' transposed operands are strides into the same buffers.
 //!
-//! `cargo bench --features probes --bench matmul -- [--reps K] [N ...]`
-//! Default sizes: 512 and 2048 (N x N x N).
+//! `cargo bench --features probes --bench matmul -- [--reps K] [--rows M]`
 
-use fusegrad::probes::{matmul_kernel, matmul_tiled};
+use fusegrad::probes::matmul_kernel;
 use std::time::Instant;
 
+/// `(in, out)` of the model's Linear layers, once each: a block's q/k/v,
+/// output projection and MLP, and the head.
+const LAYERS: [(usize, usize); 5] = [(128, 384), (128, 128), (128, 512), (512, 128), (128, 108)];
+/// How many times each appears in one step (4 blocks, one head).
+const COUNT: [usize; 5] = [4, 4, 4, 4, 1];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median seconds of `[m, k] @ [k, n]` over `reps`, after one untimed run.
+fn time(m: usize, k: usize, n: usize, reps: usize) -> f64 {
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
+        .collect();
+    let mut o = vec![0f32; m * n];
+    let mut t = Vec::new();
+    for r in 0..=reps {
+        let start = Instant::now();
+        matmul_kernel(&a, &b, &mut o, [m, k, n]);
+        if r > 0 {
+            t.push(start.elapsed().as_secs_f64());
+        }
+    }
+    std::hint::black_box(&o);
+    median(t)
+}
+
 fn main() {
-    let mut reps = 5usize;
-    let mut sizes = Vec::new();
+    let (mut reps, mut rows) = (20usize, 1024usize);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
+        let mut num = |d: usize| it.next().and_then(|v| v.parse().ok()).unwrap_or(d);
         match a.as_str() {
-            "--reps" => reps = it.next().and_then(|v| v.parse().ok()).unwrap_or(reps),
+            "--reps" => reps = num(reps),
+            "--rows" => rows = num(rows),
             "--bench" => {}
-            s => match s.parse() {
-                Ok(n) => sizes.push(n),
-                Err(_) => {
-                    eprintln!("unknown argument {s:?}");
-                    std::process::exit(2);
-                }
-            },
-        }
-    }
-    if sizes.is_empty() {
-        sizes = vec![512, 2048];
-    }
-    println!("threads: {}", rayon::current_num_threads());
-    println!(
-        "{:>6} {:>14} {:>14} {:>8}",
-        "N", "tiled GFLOP/s", "kernel GFLOP/s", "ratio"
-    );
-    for n in sizes {
-        let a: Vec<f32> = (0..n * n)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
-            .collect();
-        let b: Vec<f32> = (0..n * n)
-            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
-            .collect();
-        let (mut o1, mut o2) = (vec![0f32; n * n], vec![0f32; n * n]);
-        let (mut t1, mut t2) = (Vec::new(), Vec::new());
-        for r in 0..=reps {
-            let t = Instant::now();
-            matmul_tiled(&a, &b, &mut o1, n, n);
-            let d1 = t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            matmul_kernel(&a, &b, &mut o2, [n, n, n]);
-            let d2 = t.elapsed().as_secs_f64();
-            if r > 0 {
-                t1.push(d1);
-                t2.push(d2);
+            s => {
+                eprintln!("unknown argument {s:?}");
+                std::process::exit(2);
             }
         }
-        let worst = o1
-            .iter()
-            .zip(&o2)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
-        assert!(worst <= 1e-3 * n as f32, "kernels disagree by {worst}");
-        let med = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let flops = 2.0 * (n as f64).powi(3);
-        let (g1, g2) = (flops / med(t1) / 1e9, flops / med(t2) / 1e9);
-        println!("{n:>6} {g1:>14.1} {g2:>14.1} {:>7.2}x", g2 / g1);
     }
+    println!("threads: {}, rows: {rows}", rayon::current_num_threads());
+    println!(
+        "{:>22} {:>10} {:>9}",
+        "product [m, k] @ [k, n]", "ms", "GFLOP/s"
+    );
+    let (mut total_s, mut total_flop) = (0.0, 0.0);
+    for (&(i, o), &count) in LAYERS.iter().zip(&COUNT) {
+        for (what, [m, k, n]) in [
+            ("forward", [rows, i, o]),
+            ("input grad", [rows, o, i]),
+            ("weight grad", [i, rows, o]),
+        ] {
+            let s = time(m, k, n, reps);
+            let flop = 2.0 * (m * k * n) as f64;
+            total_s += s * count as f64;
+            total_flop += flop * count as f64;
+            println!(
+                "{:>22} {:>10.3} {:>9.1}  {what}",
+                format!("[{m}, {k}] @ [{k}, {n}]"),
+                s * 1e3,
+                flop / s / 1e9
+            );
+        }
+    }
+    println!(
+        "one step's products: {:.2} ms, {:.2} GFLOP, {:.1} GFLOP/s",
+        total_s * 1e3,
+        total_flop / 1e9,
+        total_flop / total_s / 1e9
+    );
 }

@@ -13,7 +13,7 @@ mod loss;
 mod masked_fill;
 mod matmul;
 #[cfg(feature = "probes")]
-pub(crate) use matmul::{kernel as matmul_kernel, tiled_probe as matmul_tiled};
+pub(crate) use matmul::kernel as matmul_kernel;
 pub(crate) mod reduce;
 mod shape;
 mod softmax;

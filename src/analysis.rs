@@ -22,9 +22,9 @@
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::gradcheck::{self, Options};
+use crate::layout::{alloc, checked_numel};
 use crate::ops;
 use crate::rng::Rng;
-use crate::shape::{alloc, checked_numel};
 use crate::tape::{NodeInfo, NodeMemory, Tape, Var};
 use crate::tensor::Tensor;
 use std::fmt;

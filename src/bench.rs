@@ -42,7 +42,8 @@ use crate::tensor::Tensor;
 use crate::{ops, Error};
 use std::time::Instant;
 
-/// The shapes (N, D) of the issue's targets.
+/// The shapes (N, D) the LayerNorm bench times: transformer widths, long
+/// rows and many rows (`docs/performance.md` gives the figures).
 pub const SHAPES: [(usize, usize); 8] = [
     (4096, 768),
     (16384, 1024),
@@ -149,14 +150,11 @@ pub const OWN_PAIRS_MAX_BYTES: usize = 1 << 30;
 
 /// How many source/destination pairs the copy of a shape uses, for a
 /// pair of `pair_bytes`: one per way of copying up to
-/// [`OWN_PAIRS_MAX_BYTES`], else one. Three ways run back to back on one
-/// pair made the second and third copies find their bytes in a cache
-/// that the kernels' inputs (evicted by those copies) never get: on an
-/// AMD EPYC with a 32 MiB L3, the copy of 512 x 2048's 21 MB ran at
-/// 125-139 GB/s as the second or third of a sequence and at 73-88 GB/s
-/// on a pair of its own (`docs/performance.md`, "Each way of copying on
-/// its own buffers"). A larger pair stays in no cache anyway, and three of
-/// them would cost gigabytes.
+/// [`OWN_PAIRS_MAX_BYTES`], else one: copies run back to back on one pair
+/// find their bytes in a cache that the kernels' inputs never get, which
+/// would flatter the baseline (`docs/performance.md`, "Each way of copying
+/// on its own buffers"). A larger pair stays in no cache anyway, and three
+/// of them would cost gigabytes.
 pub fn copy_pairs(pair_bytes: usize) -> usize {
     if pair_bytes <= OWN_PAIRS_MAX_BYTES {
         COPY_WAYS.len()

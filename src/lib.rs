@@ -10,6 +10,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod gradcheck;
+pub(crate) mod layout;
 pub mod mask;
 pub mod nn;
 pub mod op;
@@ -18,7 +19,6 @@ pub(crate) mod profile;
 pub mod report;
 pub mod rng;
 pub mod shadow;
-pub mod shape;
 pub mod special;
 pub mod stability;
 pub mod tape;
@@ -41,12 +41,6 @@ pub mod probes {
         set_team, Profile, Simd, DEFAULT_STREAM_BYTES,
     };
     pub use crate::device::pool::{fresh, set_enabled as set_pool_enabled, set_huge_pages};
-
-    /// `out = a @ b` (row-major `[m, k] @ [k, n]`) by the hand-written
-    /// tiled loop the crate used before `matrixmultiply`.
-    pub fn matmul_tiled(a: &[f32], b: &[f32], out: &mut [f32], k: usize, n: usize) {
-        crate::ops::matmul_tiled(a, b, out, k, n)
-    }
 
     /// `out = a @ b` by the CPU kernel `ops::matmul` runs.
     pub fn matmul_kernel(a: &[f32], b: &[f32], out: &mut [f32], [m, k, n]: [usize; 3]) {

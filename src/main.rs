@@ -76,7 +76,7 @@ fn stability_demo(plot: PathBuf) -> Result<()> {
 }
 
 /// The default report benchmarks three shapes briefly; `fusegrad bench`
-/// runs every shape of the targets.
+/// runs all eight of [`bench::SHAPES`].
 const QUICK_SHAPES: [(usize, usize); 3] = [(4096, 768), (16384, 1024), (1024, 16384)];
 
 fn benchmark(all: bool, json: bool) -> Result<()> {

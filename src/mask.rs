@@ -2,7 +2,7 @@
 //! [`crate::ops::masked_fill`], and the causal mask of attention.
 
 use crate::error::{Error, Result};
-use crate::shape::checked_numel;
+use crate::layout::checked_numel;
 
 /// A row-major boolean array. `true` marks the elements an op such as
 /// [`crate::ops::masked_fill`] replaces.

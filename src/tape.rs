@@ -19,11 +19,11 @@
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::sum_to_shape;
 use crate::op::{Op, Saved, SavedItem};
 use crate::ops::elementwise::{Binary, Unary};
 use crate::profile::Phase;
 use crate::shadow::{Side, Twin, Watch};
-use crate::shape::sum_to_shape;
 use crate::tensor::{Dims, Tensor};
 use std::cell::RefCell;
 use std::collections::HashSet;

@@ -5,7 +5,7 @@ use crate::device::pool::Buffer;
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::shape::checked_numel;
+use crate::layout::checked_numel;
 use ndarray::{ArrayD, IxDyn};
 use std::sync::Arc;
 

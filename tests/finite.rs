@@ -365,7 +365,7 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------
-// The rows the issue names, one by one.
+// Hard rows, one by one.
 
 fn one_row_case<T: Element>(row: &[f64], eps: f64, tol: f64) {
     let d = row.len();

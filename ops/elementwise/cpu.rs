@@ -131,7 +131,7 @@ impl<const K: usize> Layout<K> {
     }
 }
 
-/// [`crate::shape::broadcast_strides`] without allocating for short shapes.
+/// [`crate::layout::broadcast_strides`] without allocating for short shapes.
 fn broadcast_dims(shape: &[usize], out: &[usize]) -> Dims {
     let mut s = Dims::collect(out.iter().map(|_| 0));
     let lead = out.len().saturating_sub(shape.len());
@@ -622,7 +622,7 @@ pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &[T]) -> Buffer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shape::broadcast_strides;
+    use crate::layout::broadcast_strides;
 
     #[test]
     fn inline_strides_match_the_shape_module_past_the_inline_rank() {

@@ -19,8 +19,8 @@ pub use unary::*;
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::{alloc_filled, broadcast_shapes};
 use crate::op::{Saved, SavedItem};
-use crate::shape::{alloc_filled, broadcast_shapes};
 use crate::tensor::{Dims, Storage, Tensor};
 
 /// A function of one value, evaluated in the accumulation type.

@@ -15,8 +15,8 @@ mod cuda;
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::{alloc, checked_numel};
 use crate::op::{Op, Saved, SavedItem};
-use crate::shape::{alloc, checked_numel};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 use std::sync::Arc;

@@ -46,11 +46,11 @@ pub(crate) mod scaled;
 use crate::device::pool::Buffer;
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
+use crate::layout::checked_numel;
 use crate::op::{Op, Saved, SavedItem};
 #[cfg(feature = "cuda")]
 use crate::ops::norm::cuda::gpu_side;
 use crate::ops::norm::{cpu_side, NormSpec};
-use crate::shape::checked_numel;
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 use num_traits::{Float, Zero};

@@ -14,8 +14,8 @@ mod cuda;
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::broadcast_shapes;
 use crate::op::{Op, Saved, SavedItem};
-use crate::shape::broadcast_shapes;
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 use std::sync::Arc;

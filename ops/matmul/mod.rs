@@ -19,26 +19,18 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
-#[cfg(any(test, feature = "probes"))]
-pub(crate) mod tiled;
 
 use super::elementwise::check_devices;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::op::Op;
-use crate::shape::{alloc_filled, broadcast_shapes};
+use crate::layout::{alloc_filled, broadcast_shapes};
 #[cfg(feature = "cuda")]
-use crate::shape::{broadcast_strides, for_each_offset};
+use crate::layout::{broadcast_strides, for_each_offset};
+use crate::op::Op;
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 
 const OP: &str = "matmul";
-
-/// The tiled reference on one `[m, k] @ [k, n]` f32 product (probes).
-#[cfg(feature = "probes")]
-pub(crate) fn tiled_probe(a: &[f32], b: &[f32], out: &mut [f32], k: usize, n: usize) {
-    tiled::gemm(a, b, out, k, n, true)
-}
 
 /// The CPU kernel on one `[m, k] @ [k, n]` f32 product (probes).
 #[cfg(feature = "probes")]

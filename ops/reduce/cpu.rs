@@ -9,7 +9,7 @@
 
 use crate::device::cpu::{dispatch, each_chunk, fold_all, run_each, Kernel, Lanes, LANES, UNROLL};
 use crate::dtype::Element;
-use crate::shape::{broadcast_strides, for_each_offset};
+use crate::layout::{broadcast_strides, for_each_offset};
 use num_traits::Zero;
 
 type Acc<T> = <T as Element>::Acc;

@@ -8,7 +8,7 @@
 use crate::device::cuda::{cfg, launch, Strides, MAX_RANK};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::shape::alloc_filled;
+use crate::layout::alloc_filled;
 use crate::tensor::{CudaBuf, Tensor};
 
 const BLOCK: u32 = 256;

@@ -14,7 +14,7 @@ mod cpu;
 mod cuda;
 
 use super::elementwise::{unary_to, Unary};
-use crate::shape::{alloc_filled, checked_numel, normalize_axes};
+use crate::layout::{alloc_filled, checked_numel, normalize_axes};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 use num_traits::Zero;

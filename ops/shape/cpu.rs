@@ -5,7 +5,7 @@
 
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
-use crate::shape::for_each_offset;
+use crate::layout::for_each_offset;
 
 /// The elements of `x` in the order of an output of shape `out` whose axis
 /// `d` steps through `x` by `src[d]`.

@@ -23,8 +23,8 @@ pub use slice::*;
 use super::elementwise::{unary_to, Unary};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::{broadcast_shapes, checked_numel, normalize_axis, strides};
 use crate::op::Op;
-use crate::shape::{broadcast_shapes, checked_numel, normalize_axis, strides};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 
@@ -106,7 +106,7 @@ fn bad_perm(op: &'static str, perm: &[usize], shape: &[usize]) -> Error {
 
 /// `y = x` repeated along the axes where `x` has size 1 (or lacks the axis),
 /// NumPy style. Backward returns `g` in the broadcast shape unchanged; the
-/// tape's [`crate::shape::sum_to_shape`] sums it back over the repeated axes
+/// tape's [`crate::layout::sum_to_shape`] sums it back over the repeated axes
 /// (`dx_j = sum over the copies of x_j of g`), the one place that reduction
 /// lives.
 struct BroadcastTo {

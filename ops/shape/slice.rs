@@ -15,8 +15,8 @@ use super::cpu;
 use super::cuda;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::normalize_axis;
 use crate::op::Op;
-use crate::shape::normalize_axis;
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 
@@ -175,7 +175,7 @@ fn concat_shape<T: Element>(shapes: &[&[usize]], axis: usize) -> Result<Vec<usiz
         }
         out[axis] += s[axis];
     }
-    crate::shape::checked_numel("concat", &out, std::mem::size_of::<T>())?;
+    crate::layout::checked_numel("concat", &out, std::mem::size_of::<T>())?;
     Ok(out)
 }
 

@@ -21,8 +21,8 @@ mod cuda;
 use super::elementwise::check_devices;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::normalize_axis;
 use crate::op::Op;
-use crate::shape::normalize_axis;
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 

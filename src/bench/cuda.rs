@@ -30,7 +30,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice};
 use std::sync::Arc;
 
-/// The shapes of the GPU targets (issue 32).
+/// The shapes the GPU bench times (`docs/gpu.md`).
 pub const CUDA_SHAPES: [(usize, usize); 5] = [
     (32768, 4096),
     (8192, 8192),

@@ -425,10 +425,10 @@ pub(crate) struct Strides {
 // field (int, then three arrays of long long; the padding agrees).
 unsafe impl DeviceRepr for Strides {}
 
-/// [`crate::shape::broadcast_strides`] as a kernel's fixed array.
+/// [`crate::layout::broadcast_strides`] as a kernel's fixed array.
 fn broadcast_strides(shape: &[usize], out: &[usize]) -> [i64; MAX_RANK] {
     let mut st = [0i64; MAX_RANK];
-    for (d, v) in crate::shape::broadcast_strides(shape, out)
+    for (d, v) in crate::layout::broadcast_strides(shape, out)
         .into_iter()
         .enumerate()
     {

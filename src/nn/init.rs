@@ -2,8 +2,8 @@
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layout::checked_numel;
 use crate::rng::Rng;
-use crate::shape::checked_numel;
 use crate::tensor::Tensor;
 
 /// How to fill a parameter tensor. The fan-based schemes use the fans the
