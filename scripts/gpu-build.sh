@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the GPU machine runs (it has no Rust toolchain and no
 # network) into target/gpu-kit/: the `fusegrad` command and the CUDA test
-# binaries (release, stripped), scripts/gpu-check.sh, the PyTorch bench,
+# binaries (release, stripped, gzipped), scripts/gpu-check.sh, the PyTorch bench,
 # and a kernel cache holding every family compiled for sm_90 by NVRTC 13.0,
 # the version the GPU machine loads, so nothing compiles there.
 # Then: carry target/gpu-kit, run `bash target/gpu-kit/gpu-check.sh` there.
@@ -21,9 +21,13 @@ for l in sys.stdin:
     cp "$exe" "$kit/test-$t"
 done
 strip "$kit"/fusegrad "$kit"/test-*
+# About a third of their size: gpu-check.sh unpacks them on arrival.
+gzip -9 "$kit"/fusegrad "$kit"/test-*
 cp scripts/gpu-check.sh scripts/bench_torch_cuda.py "$kit/"
 nvrtc13=$(scripts/install-cuda-tools.sh 13)
-FUSEGRAD_NVRTC="$nvrtc13" "$kit/fusegrad" kernels --arch sm_90 --cache "$kit/cache" | tail -2
+gunzip -c "$kit/fusegrad.gz" > "$kit/.fusegrad" && chmod +x "$kit/.fusegrad"
+FUSEGRAD_NVRTC="$nvrtc13" "$kit/.fusegrad" kernels --arch sm_90 --cache "$kit/cache" | tail -2
+rm -f "$kit/.fusegrad"
 mib=$(du -sm "$kit" | cut -f1)
 echo "kit: $kit, $mib MiB"
 if [ "$mib" -gt 48 ]; then

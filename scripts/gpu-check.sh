@@ -19,6 +19,14 @@ emulate=0
 [ "${1:-}" = "--emulate" ] && emulate=1
 mkdir -p "$out"
 cd "$kit"
+# gpu-build.sh ships the binaries gzipped (the kit travels under a size
+# limit); unpacked once, in place.
+for z in ./*.gz; do
+    [ -e "$z" ] || continue
+    gunzip -f "$z" 2> /dev/null ||
+        python3 -c 'import gzip,shutil,sys,os; shutil.copyfileobj(gzip.open(sys.argv[1]), open(sys.argv[1][:-3], "wb")); os.remove(sys.argv[1])' "$z"
+    chmod +x "${z%.gz}"
+done
 summary="$out/summary.md"
 # Scratch files stay outside $OUT, so a run cut short leaves only its six.
 scratch="$(mktemp -d)"
