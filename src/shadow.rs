@@ -27,6 +27,7 @@
 mod replay;
 mod watch;
 
+pub(crate) use replay::{meta_text, meta_value};
 pub use replay::{replay, Replay};
 pub(crate) use watch::{Judge, Side, Twin, Watch};
 

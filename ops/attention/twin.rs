@@ -11,7 +11,7 @@ use crate::device::cpu::run_each;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops::{attention_composed, attention_qkv_composed};
-use crate::shadow::{Judge, Twin};
+use crate::shadow::{meta_value, Judge, Twin};
 use crate::tape::Var;
 use std::cell::OnceCell;
 use std::collections::HashMap;
@@ -297,26 +297,15 @@ pub(crate) fn rerun<T: Element>(
     meta: &HashMap<String, String>,
     inputs: &[Var<T>],
 ) -> Result<Var<T>> {
-    let bad = |msg: String| Error::InvalidArgument { op: "replay", msg };
-    let field = |k: &str| {
-        meta.get(k)
-            .ok_or_else(|| bad(format!("no {k:?} in the file")))
-    };
-    let causal: bool = field("causal")?
-        .parse()
-        .map_err(|e| bad(format!("causal: {e}")))?;
-    let scale: f64 = field("scale")?
-        .parse()
-        .map_err(|e| bad(format!("scale: {e}")))?;
-    let heads: usize = field("heads")?
-        .parse()
-        .map_err(|e| bad(format!("heads: {e}")))?;
+    let causal: bool = meta_value(meta, "causal")?;
+    let scale: f64 = meta_value(meta, "scale")?;
+    let heads: usize = meta_value(meta, "heads")?;
     match (op, inputs) {
         ("attention", [q, k, v]) => attention(q, k, v, causal, scale),
         ("attention_qkv", [qkv]) => attention_qkv(qkv, heads, causal, scale),
-        _ => Err(bad(format!(
-            "{op} with {} inputs is not a fused attention",
-            inputs.len()
-        ))),
+        _ => Err(Error::InvalidArgument {
+            op: "replay",
+            msg: format!("{op} with {} inputs is not a fused attention", inputs.len()),
+        }),
     }
 }

@@ -5,7 +5,7 @@ use super::NormSpec;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops::{layer_norm_composed_nd, layer_norm_nd, rms_norm_composed_nd, rms_norm_nd};
-use crate::shadow::{Judge, Twin};
+use crate::shadow::{meta_text, meta_value, Judge, Twin};
 use crate::tape::Var;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -171,21 +171,15 @@ pub(crate) fn rerun<T: Element>(
     inputs: &[Var<T>],
 ) -> Result<Var<T>> {
     let bad = |msg: String| Error::InvalidArgument { op: "replay", msg };
-    let field = |k: &str| {
-        meta.get(k)
-            .ok_or_else(|| bad(format!("no {k:?} in the file")))
-    };
-    let eps: f64 = field("eps")?
-        .parse()
-        .map_err(|e| bad(format!("eps: {e}")))?;
-    let normalized = field("normalized")?
+    let eps: f64 = meta_value(meta, "eps")?;
+    let normalized = meta_text(meta, "normalized")?
         .split(',')
         .map(|s| {
             s.parse::<usize>()
                 .map_err(|e| bad(format!("normalized: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    let names: Vec<&str> = field("inputs")?.split(',').collect();
+    let names: Vec<&str> = meta_text(meta, "inputs")?.split(',').collect();
     let find = |n: &str| {
         names
             .iter()

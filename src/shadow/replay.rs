@@ -16,6 +16,32 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+/// A replay file's metadata `key` as text, or an error naming it.
+pub(crate) fn meta_text<'m>(meta: &'m HashMap<String, String>, key: &str) -> Result<&'m str> {
+    meta.get(key)
+        .map(String::as_str)
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "replay",
+            msg: format!("no {key:?} in the file"),
+        })
+}
+
+/// A replay file's metadata `key` parsed, or an error naming it.
+pub(crate) fn meta_value<V: std::str::FromStr>(
+    meta: &HashMap<String, String>,
+    key: &str,
+) -> Result<V>
+where
+    V::Err: std::fmt::Display,
+{
+    meta_text(meta, key)?
+        .parse()
+        .map_err(|e: V::Err| Error::InvalidArgument {
+            op: "replay",
+            msg: format!("{key}: {e}"),
+        })
+}
+
 /// Rows kept from a large input: the worst ones.
 const KEEP_ROWS: usize = 8;
 
