@@ -75,8 +75,11 @@ fn cell(c: &Option<Check>) -> String {
 /// The per-layer table: op, layer, calls checked, the worst output and
 /// gradient difference against tolerance, and the worst row's statistics.
 pub fn table(sites: &[SiteReport]) -> String {
+    // Columns as wide as their longest entry (`attention_qkv`, sites).
+    let op_w = sites.iter().map(|s| s.op.len()).fold(11, usize::max);
+    let site_w = sites.iter().map(|s| s.site.len()).fold(14, usize::max);
     let mut out = format!(
-        "{:<11} {:<14} {:>6} {:>28} {:>28}  {}\n",
+        "{:<op_w$} {:<site_w$} {:>6} {:>28} {:>28}  {}\n",
         "op", "layer", "calls", "output diff / tol", "gradient diff / tol", "worst row"
     );
     for s in sites {
@@ -85,7 +88,7 @@ pub fn table(sites: &[SiteReport]) -> String {
             .flatten()
             .max_by(|a, b| (a.diff / a.tol).total_cmp(&(b.diff / b.tol)));
         out += &format!(
-            "{:<11} {:<14} {:>6} {:>28} {:>28}  {}{}\n",
+            "{:<op_w$} {:<site_w$} {:>6} {:>28} {:>28}  {}{}\n",
             s.op,
             s.site,
             s.calls,
