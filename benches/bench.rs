@@ -18,7 +18,8 @@
 
 mod common;
 
-use fusegrad::{bench, probes};
+use fusegrad::probes;
+use fusegrad_cli::bench;
 
 fn main() -> fusegrad::Result<()> {
     let args = common::args();

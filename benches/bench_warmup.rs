@@ -14,7 +14,7 @@ const MAX_FAULTS: f64 = 16.0;
 
 fn main() {
     let (n, d) = (2048, 65536);
-    let row = match fusegrad::bench::measure(n, d, 0.01, false) {
+    let row = match fusegrad_cli::bench::measure(n, d, 0.01, false) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("bench_warmup: {e}");

@@ -1,5 +1,5 @@
 //! Criterion benches: fused against composed LayerNorm, forward and
-//! backward, on `fusegrad::bench::SHAPES` (f32, with gamma and beta), and the
+//! backward, on `fusegrad_cli::bench::SHAPES` (f32, with gamma and beta), and the
 //! 1,000-op tape chain.
 //!
 //! ```sh
@@ -14,7 +14,8 @@
 //! expect a long run.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use fusegrad::{bench::SHAPES, ops, Result, Tape, Tensor, Var};
+use fusegrad::{ops, Result, Tape, Tensor, Var};
+use fusegrad_cli::bench::SHAPES;
 use std::hint::black_box;
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! `cargo run --release --example layernorm_analysis sweep [CASES [SEED]]`
 //! (the random sweep the norm tolerances in src/tolerance.rs rest on)
 
-use fusegrad::analysis;
+use fusegrad_cli::analysis;
 
 fn main() -> fusegrad::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

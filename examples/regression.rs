@@ -5,8 +5,8 @@
 //!
 //! `cargo run --release --example regression -- [STEPS] [LOG_EVERY]`
 
-use fusegrad::nn::demo::{train_regression, RegressionConfig};
 use fusegrad::nn::NormImpl;
+use fusegrad_cli::demo::{train_regression, RegressionConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

@@ -5,7 +5,7 @@
 //! a `.png` path writes a PNG). LANES (default 8) is the number of partial
 //! sums per row; 1 = sequential.
 
-use fusegrad::stability::{run, Config};
+use fusegrad_cli::stability::{run, Config};
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -7,13 +7,13 @@
 //! ```
 //!
 //! The same run as `fusegrad train transformer` (both call
-//! `fusegrad::app::transformer`): without `--text` it reads this crate's
+//! `fusegrad_cli::app::transformer`): without `--text` it reads this crate's
 //! own sources and docs; it prints the unigram entropy and a smoothed
 //! bigram model's validation loss (the bars to pass), the validation loss
 //! under a progress bar as the model trains, a sampled line, and writes
 //! the loss plot to `target/plots/transformer_loss.{png,svg}`.
 
-use fusegrad::app::{matches_or_exit, transformer};
+use fusegrad_cli::app::{matches_or_exit, transformer};
 
 fn main() {
     let m = matches_or_exit(transformer::command("tiny_transformer"));

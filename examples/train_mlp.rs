@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release --example train_mlp -- [STEPS] [LOG_EVERY]`
 
-use fusegrad::nn::demo::{compare_spirals_with, SpiralConfig};
+use fusegrad_cli::demo::{compare_spirals_with, SpiralConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

@@ -39,3 +39,19 @@ pub use rms_norm::*;
 pub use rms_norm_composed::*;
 pub use shape::*;
 pub use softmax::*;
+
+/// The op families' CUDA kernels, each declared beside its launchers.
+#[cfg(feature = "cuda")]
+pub(crate) const KERNELS: [&crate::device::Family; 11] = [
+    &layer_norm::KERNELS,
+    &rms_norm::KERNELS,
+    &elementwise::KERNELS,
+    &reduce::KERNELS,
+    &softmax::KERNELS,
+    &attention::KERNELS,
+    &loss::KERNELS,
+    &shape::KERNELS,
+    &embedding::KERNELS,
+    &masked_fill::KERNELS,
+    &dropout::KERNELS,
+];

@@ -99,7 +99,7 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
         objs = list(ex.map(lambda s: compile_one(*s), sources))
     # The sonames let a process load these by path and have cudarc's later
-    # load by bare name find them (tests/cuda.rs does this).
+    # load by bare name find them (tests/cuda/backend.rs does this).
     cuda = os.path.join(OUT, "libcuda.so")
     if not newer(cuda, objs):
         subprocess.run([CXX, "-shared", "-pthread", "-Wl,-soname,libcuda.so", "-o",

@@ -47,8 +47,8 @@ if [ "$emulate" = 1 ]; then
     export LD_LIBRARY_PATH="$root/target/cuda-emu:${LD_LIBRARY_PATH:-}"
     export FUSEGRAD_NVRTC="${FUSEGRAD_NVRTC:-$root/target/cuda-tools/nvidia/cuda_nvrtc/lib}"
     bench_args=(--shapes 64x256,33x1000 --reps 3)
-    cuda_filter=(fused_and_composed_layer_norm_agree_on_the_gpu)
-    norms_filter=(the_cuda_bench_measures_every_figure)
+    cuda_filter=(backend::fused_and_composed_layer_norm_agree_on_the_gpu)
+    norms_filter=(norms::fused_cuda_composed_cuda_and_fused_cpu_agree_f32)
     where="CPU emulation of the driver (tests/cuda_emu)"
 else
     if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
@@ -76,16 +76,16 @@ PY
         fi
     done
     bench_args=()
-    cuda_filter=()
-    norms_filter=()
+    cuda_filter=(backend::)
+    norms_filter=(norms::)
     where="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)"
 fi
 
 # Step name, then its time limit in seconds; the sum is the run's bound.
-STEP_LIMITS="kernels:45 tests-unavailable:15 tests-cuda:100 tests-norms:80 bench:110 torch:60 memcheck:35 racecheck:25"
+STEP_LIMITS="kernels:45 tests-unavailable:15 tests-cuda:100 tests-norms:60 tests-bench:20 bench:110 torch:60 memcheck:35 racecheck:25"
 # The emulation runs kernels on two CPU cores and may compile on a cold
 # cache: the same steps, with room for that.
-[ "$emulate" = 1 ] && STEP_LIMITS="kernels:400 tests-unavailable:60 tests-cuda:200 tests-norms:200 bench:200 torch:60 memcheck:1 racecheck:1"
+[ "$emulate" = 1 ] && STEP_LIMITS="kernels:400 tests-unavailable:60 tests-cuda:200 tests-norms:150 tests-bench:150 bench:200 torch:60 memcheck:1 racecheck:1"
 limit() { local kv; for kv in $STEP_LIMITS; do [ "${kv%%:*}" = "$1" ] && echo "${kv#*:}"; done; }
 total_limit=0
 for kv in $STEP_LIMITS; do total_limit=$((total_limit + ${kv#*:})); done
@@ -173,9 +173,10 @@ run_test() {
 
 write_summary
 step kernels "$out/kernels.txt" ./fusegrad kernels --arch sm_90
-run_test tests-unavailable ./test-cuda_unavailable
+run_test tests-unavailable ./test-core no_gpu::
 run_test tests-cuda ./test-cuda "${cuda_filter[@]}"
-run_test tests-norms ./test-cuda_norms "${norms_filter[@]}"
+run_test tests-norms ./test-cuda "${norms_filter[@]}"
+run_test tests-bench ./test-cuda bench::
 : > "$out/bench.jsonl"
 step bench "$out/bench.jsonl" ./fusegrad bench --device cuda --json "${bench_args[@]}"
 # The step's own header line is not JSON; keep the rows only.

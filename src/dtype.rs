@@ -1,8 +1,8 @@
-//! Element types and their accumulation types.
+//! Element types and their accumulation types: numbers only. What a device
+//! or an op family needs of a type is found by its [`DType`] or its type,
+//! in that layer (`device::pool`, `device::cpu`, `ops::norm`), so nothing
+//! here names a layer above.
 
-use crate::device::cpu::CpuBuilds;
-use crate::device::pool::Pool;
-use crate::ops::norm::NormOps;
 use num_traits::{Float, FromPrimitive};
 use std::fmt::Debug;
 use std::iter::Sum;
@@ -51,29 +51,58 @@ impl Accum for f64 {
     }
 }
 
-/// A tensor element: f32, f64, `half::f16` or `half::bf16`.
+/// Which element type a tensor holds.
+// `Probe` is a real type's variant (the probes' FLOP counter), only hidden.
+#[allow(clippy::manual_non_exhaustive)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// `f32`.
+    F32,
+    /// `f64`.
+    F64,
+    /// `half::f16`.
+    F16,
+    /// `half::bf16`.
+    BF16,
+    /// A type of the developer probes (a FLOP counter); never a user's.
+    #[doc(hidden)]
+    Probe,
+}
+
+/// Plain data that any device can hold: with the `cuda` feature, what
+/// cudarc needs to copy a type to and from device memory.
+#[cfg(feature = "cuda")]
+pub trait Plain: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits {}
+#[cfg(feature = "cuda")]
+impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> Plain for T {}
+/// Plain data that any device can hold.
+#[cfg(not(feature = "cuda"))]
+pub trait Plain {}
+#[cfg(not(feature = "cuda"))]
+impl<T> Plain for T {}
+
+pub(crate) mod sealed {
+    /// Implemented for the element types this crate has kernels for.
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A tensor element: f32, f64, `half::f16` or `half::bf16` (sealed: the
+/// kernels exist for these).
 ///
 /// Arithmetic runs in [`Element::Acc`]: the type itself for f32 and f64, and
 /// f32 for the 16-bit types, which are only a storage format.
-///
-/// `NormOps` and `CpuBuilds` are sealed supertraits: the fused norms'
-/// per-type entry points, compiled once in this crate (see
-/// `ops/norm/mod.rs`), and which CPU kernel builds the type has.
 pub trait Element:
-    NormOps
-    + CpuBuilds
-    + crate::device::DeviceElement
-    + Copy
-    + Debug
-    + Default
-    + PartialEq
-    + Send
-    + Sync
-    + 'static
+    sealed::Sealed + Plain + Copy + Debug + Default + PartialEq + Send + Sync + 'static
 {
     /// Accumulation type: itself an element (its own accumulation type), so
     /// that statistics and optimizer state are tensors too.
     type Acc: Accum + Element<Acc = Self::Acc>;
+    /// Which type this is.
+    const DTYPE: DType;
     /// Short name: "f32", "f64", "f16", "bf16".
     const NAME: &'static str;
     /// Widen to the accumulation type.
@@ -94,16 +123,10 @@ pub trait Element:
     const ZERO: Self;
     /// One.
     const ONE: Self;
-    /// The cache of large buffers of this type (crate-private).
-    #[doc(hidden)]
-    fn pool() -> &'static Pool<Self>;
 }
 
 impl Element for f32 {
-    fn pool() -> &'static Pool<Self> {
-        static P: Pool<f32> = Pool::new();
-        &P
-    }
+    const DTYPE: DType = DType::F32;
     type Acc = f32;
     const NAME: &'static str = "f32";
     const ZERO: Self = 0.0;
@@ -119,10 +142,7 @@ impl Element for f32 {
 }
 
 impl Element for f64 {
-    fn pool() -> &'static Pool<Self> {
-        static P: Pool<f64> = Pool::new();
-        &P
-    }
+    const DTYPE: DType = DType::F64;
     type Acc = f64;
     const NAME: &'static str = "f64";
     const ZERO: Self = 0.0;
@@ -138,10 +158,7 @@ impl Element for f64 {
 }
 
 impl Element for half::f16 {
-    fn pool() -> &'static Pool<Self> {
-        static P: Pool<half::f16> = Pool::new();
-        &P
-    }
+    const DTYPE: DType = DType::F16;
     type Acc = f32;
     const NAME: &'static str = "f16";
     const ZERO: Self = half::f16::ZERO;
@@ -157,10 +174,7 @@ impl Element for half::f16 {
 }
 
 impl Element for half::bf16 {
-    fn pool() -> &'static Pool<Self> {
-        static P: Pool<half::bf16> = Pool::new();
-        &P
-    }
+    const DTYPE: DType = DType::BF16;
     type Acc = f32;
     const NAME: &'static str = "bf16";
     const ZERO: Self = half::bf16::ZERO;

@@ -1,10 +1,7 @@
-//! Shape arithmetic: checked element counts, NumPy broadcasting, axis
-//! normalization, and the one place where gradients are summed back to an
-//! input's shape ([`sum_to_shape`]).
+//! Shape arithmetic: checked element counts, NumPy broadcasting and axis
+//! normalization. Nothing here touches a tensor.
 
-use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
 
 /// Element count of `shape`, or `ShapeTooLarge` if it (or its byte size for
 /// an element of `elem_bytes`) overflows. A shape with a zero dim has no
@@ -32,7 +29,7 @@ pub fn checked_numel(op: &'static str, shape: &[usize], elem_bytes: usize) -> Re
 /// if the count overflows, `OutOfMemory` if the allocator refuses the block
 /// (never an abort). Used wherever an output can be larger than the inputs
 /// (broadcasting, matmul, reductions of empty tensors, `Tensor::full`).
-pub(crate) fn alloc<T>(op: &'static str, shape: &[usize]) -> Result<Vec<T>> {
+pub fn alloc<T>(op: &'static str, shape: &[usize]) -> Result<Vec<T>> {
     let n = checked_numel(op, shape, std::mem::size_of::<T>())?;
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
@@ -196,33 +193,6 @@ pub fn for_each_offset(out: &[usize], src_strides: &[usize], mut f: impl FnMut(u
     }
 }
 
-/// Reduces `grad` (of a broadcast shape) to `target` by summing over the
-/// broadcast dims. This is the only place broadcast gradients are reduced.
-pub fn sum_to_shape<T: Element>(
-    op: &'static str,
-    grad: &Tensor<T>,
-    target: &[usize],
-) -> Result<Tensor<T>> {
-    if grad.shape() == target {
-        return Ok(grad.clone());
-    }
-    let bshape = broadcast_shapes(op, grad.shape(), target)?;
-    if bshape != grad.shape() {
-        return Err(Error::ShapeMismatch {
-            op,
-            lhs: grad.shape().to_vec(),
-            rhs: target.to_vec(),
-        });
-    }
-    // Leading dims the target lacks, and its size-1 dims where the
-    // gradient's are wider, are summed over.
-    let lead = grad.rank() - target.len();
-    let red: Vec<bool> = (0..grad.rank())
-        .map(|d| d < lead || (target[d - lead] == 1 && grad.shape()[d] != 1))
-        .collect();
-    crate::ops::reduce::sum_kernel(grad, &red, None, target)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,17 +217,6 @@ mod tests {
             seen.push(o)
         });
         assert_eq!(seen, vec![0, 0, 0, 1, 1, 1]);
-    }
-
-    #[test]
-    fn sum_back_to_shape() {
-        let g = Tensor::from_vec(vec![2, 3], vec![1.0f64, 2., 3., 4., 5., 6.]).unwrap();
-        let r = sum_to_shape("t", &g, &[3]).unwrap();
-        assert_eq!(r.as_slice().unwrap(), &[5.0, 7.0, 9.0]);
-        let r = sum_to_shape("t", &g, &[2, 1]).unwrap();
-        assert_eq!(r.as_slice().unwrap(), &[6.0, 15.0]);
-        let r = sum_to_shape("t", &g, &[]).unwrap();
-        assert_eq!(r.as_slice().unwrap(), &[21.0]);
     }
 
     #[test]

@@ -18,7 +18,8 @@ use std::time::Instant;
 static ON: AtomicBool = AtomicBool::new(false);
 
 /// Turns the timers on or off for every thread.
-pub(crate) fn set_enabled(on: bool) {
+#[cfg_attr(not(feature = "probes"), allow(dead_code))] // read by `probes`
+pub fn set_enabled(on: bool) {
     ON.store(on, Ordering::Relaxed)
 }
 
@@ -30,7 +31,7 @@ fn on() -> bool {
 
 /// Where in the tape a span was timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Phase {
+pub enum Phase {
     /// `Op::forward` in `Tape::apply`.
     Forward,
     /// `Op::backward` in the reverse sweep.
@@ -40,13 +41,15 @@ pub(crate) enum Phase {
     SumToShape,
     /// Adding a second gradient into an input's, in the sweep.
     Accumulate,
+    /// Outside the tape: the optimizer step's gradient clipping.
+    Step,
 }
 
 /// What a span is tallied under: the op's name, the phase and the rank of
 /// the op's output (which tells a Linear's matmul, rank 2 or 3, from an
 /// attention head's, rank 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Key {
+pub struct Key {
     pub op: &'static str,
     pub phase: Phase,
     pub rank: usize,
@@ -54,7 +57,7 @@ pub(crate) struct Key {
 
 /// Calls and nanoseconds, allocation excluded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Tally {
+pub struct Tally {
     pub calls: u64,
     pub ns: u64,
 }
@@ -134,13 +137,15 @@ pub(crate) fn alloc_stop(t: Option<Instant>) {
 }
 
 /// This thread's allocation tally so far: (nanoseconds, calls).
-pub(crate) fn alloc_so_far() -> (u64, u64) {
+#[cfg_attr(not(feature = "probes"), allow(dead_code))] // read by `probes`
+pub fn alloc_so_far() -> (u64, u64) {
     (ALLOC_NS.get(), ALLOC_CALLS.get())
 }
 
 /// This thread's op tallies since the last call, sorted by key; they are
 /// reset (the allocation tally is not: read it before and after).
-pub(crate) fn take_ops() -> Vec<(Key, Tally)> {
+#[cfg_attr(not(feature = "probes"), allow(dead_code))] // read by `probes`
+pub fn take_ops() -> Vec<(Key, Tally)> {
     let mut v = OPS.with_borrow_mut(std::mem::take);
     v.sort_by_key(|(k, _)| *k);
     v

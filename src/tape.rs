@@ -19,9 +19,9 @@
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::layout::sum_to_shape;
 use crate::op::{Op, Saved, SavedItem};
 use crate::ops::elementwise::{Binary, Unary};
+use crate::ops::reduce::kernel::sum_to_shape;
 use crate::profile::Phase;
 use crate::shadow::{Side, Twin, Watch};
 use crate::tensor::{Dims, Tensor};
@@ -96,6 +96,8 @@ struct Node<T: Element> {
 struct Inner<T: Element> {
     nodes: RefCell<Vec<Node<T>>>,
     shadow: RefCell<Option<Watch>>,
+    /// False for a [`Tape::no_grad`] tape: its leaves take no gradient.
+    grad: bool,
 }
 
 /// A recording of operations, shared by the `Var`s made on it.
@@ -199,11 +201,41 @@ impl<T: Element> Tape<T> {
 
     /// An empty tape.
     pub fn new() -> Self {
+        Self::with_grad(true)
+    }
+
+    /// A tape for values only, PyTorch's `no_grad`: every leaf, even one
+    /// made by [`Tape::var`], takes no gradient, so ops save nothing for a
+    /// backward pass and drop their intermediates at once. For inference
+    /// and metrics; `backward` on it is an error.
+    pub fn no_grad() -> Self {
+        Self::with_grad(false)
+    }
+
+    fn with_grad(grad: bool) -> Self {
         Tape {
             inner: Rc::new(Inner {
                 nodes: RefCell::new(Vec::new()),
                 shadow: RefCell::new(None),
+                grad,
             }),
+        }
+    }
+
+    /// False for a [`Tape::no_grad`] tape.
+    pub fn grad_enabled(&self) -> bool {
+        self.inner.grad
+    }
+
+    /// `InvalidArgument` naming `op` on a [`Tape::no_grad`] tape.
+    fn check_grad(&self, op: &'static str) -> Result<()> {
+        if self.inner.grad {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument {
+                op,
+                msg: "the tape is a Tape::no_grad tape: it records values only".into(),
+            })
         }
     }
 
@@ -227,9 +259,9 @@ impl<T: Element> Tape<T> {
         }
     }
 
-    /// A leaf that wants a gradient.
+    /// A leaf that wants a gradient (none on a [`Tape::no_grad`] tape).
     pub fn var(&self, value: impl Into<Tensor<T>>) -> Var<T> {
-        self.leaf(value.into(), true, true)
+        self.leaf(value.into(), self.inner.grad, true)
     }
 
     /// A leaf without a gradient; it costs nothing on the backward sweep.
@@ -528,6 +560,7 @@ impl<T: Element> Var<T> {
 
     /// Reverse sweep from a scalar (one-element) loss, seeded with 1.
     pub fn backward(&self) -> Result<Gradients<T>> {
+        self.tape.check_grad("backward")?;
         if self.value.numel() != 1 {
             return Err(Error::NonScalarLoss {
                 shape: self.shape().to_vec(),
@@ -540,6 +573,7 @@ impl<T: Element> Var<T> {
 
     /// Reverse sweep seeded with `seed` (a cotangent of this Var's shape).
     pub fn backward_with(&self, seed: &Tensor<T>) -> Result<Gradients<T>> {
+        self.tape.check_grad("backward_with")?;
         if seed.shape() != self.shape() {
             return Err(Error::SeedShape {
                 output: self.shape().to_vec(),

@@ -432,7 +432,7 @@ impl<T: Element> Tensor<T> {
             Ok(Storage::Cuda(b)) => b.gpu.download(&b.data, b.len),
             Err(a) => match &*a {
                 Storage::Cpu(b) => {
-                    let mut v = T::pool().take(b.len());
+                    let mut v = crate::device::pool::take::<T>(b.len());
                     v.copy_from_slice(b);
                     Ok(v)
                 }

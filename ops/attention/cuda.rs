@@ -7,10 +7,17 @@
 
 use super::Geometry;
 use crate::device::cuda::{cfg, launch, Gpu};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops::norm::cuda::addr;
 use crate::tensor::{CudaBuf, Tensor};
+
+/// This family's CUDA C (`kernels/attention.cu`).
+pub(crate) static KERNELS: Family = Family {
+    name: "attention",
+    source: include_str!("../../kernels/attention.cu"),
+};
 
 /// Threads per block and the tiles of `kernels/attention.cu`.
 const BLOCK: u32 = 128;
@@ -56,7 +63,7 @@ pub(crate) fn forward<T: Element>(
     let mut o = gpu.uninit::<T>(bh * g.t * g.d)?;
     let mut lse = gpu.uninit::<T::Acc>(bh * g.t)?;
     if bh * g.t > 0 {
-        launch!(gpu, op, gpu.function::<T>("attention", "attention_fwd")?,
+        launch!(gpu, op, gpu.function::<T>(&KERNELS, "attention_fwd")?,
             cfg(grid(bh, g.t.div_ceil(ROWS)), BLOCK, 0);
             &q.data, &k.data, &v.data, &mut o, &mut lse, &(bh as i64), &(g.heads as i64),
             &(g.t as i64), &(g.d as i64), &(g.packed as i32), &(causal as i32), &scale)?;
@@ -104,11 +111,11 @@ pub(crate) fn backward<T: Element>(
                 })
             }
         };
-        launch!(gpu, op, gpu.function::<T>("attention", "attention_bwd_dq")?,
+        launch!(gpu, op, gpu.function::<T>(&KERNELS, "attention_bwd_dq")?,
             cfg(grid(bh, g.t.div_ceil(ROWS)), DQ_BLOCK, 0);
             &q.data, &k.data, &v.data, &o.data, &dout.data, &lse.data, &mut dd, &mut bufs[0],
             &a, &c.0, &c.1, &c.2, &flags.0, &flags.1, &scale)?;
-        launch!(gpu, op, gpu.function::<T>("attention", "attention_bwd_dkv")?,
+        launch!(gpu, op, gpu.function::<T>(&KERNELS, "attention_bwd_dkv")?,
             cfg(grid(bh, g.t.div_ceil(KEYS)), BLOCK, 0);
             &q.data, &k.data, &v.data, &dout.data, &lse.data, &dd, &dk, &dv,
             &a, &c.0, &c.1, &c.2, &flags.0, &flags.1, &scale)?;

@@ -68,6 +68,8 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
 pub(crate) mod twin;
 
 use crate::device::pool::Buffer;

@@ -13,6 +13,8 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
 
 use crate::dtype::Element;
 use crate::error::{Error, Result};

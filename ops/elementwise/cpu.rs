@@ -466,11 +466,17 @@ impl<T: Element> Kernel<T> for LinRow<'_, T> {
     #[inline(always)]
     fn run<V: Lanes<T>>(self) {
         let LinRow { op, a, b, dst, nt } = self;
-        // Streaming builds for f32 only (`T::SIMD` keeps the others out).
+        // Streaming builds for f32 only (`<T as crate::device::cpu::CpuBuilds>::SIMD` keeps the others out).
         match (op, nt) {
-            (Lin::Add, true) if T::SIMD => lin::<T, V, true>(dst, a, b, V::add, |p, q| p + q),
-            (Lin::Sub, true) if T::SIMD => lin::<T, V, true>(dst, a, b, V::sub, |p, q| p - q),
-            (Lin::Mul, true) if T::SIMD => lin::<T, V, true>(dst, a, b, V::mul, |p, q| p * q),
+            (Lin::Add, true) if <T as crate::device::cpu::CpuBuilds>::SIMD => {
+                lin::<T, V, true>(dst, a, b, V::add, |p, q| p + q)
+            }
+            (Lin::Sub, true) if <T as crate::device::cpu::CpuBuilds>::SIMD => {
+                lin::<T, V, true>(dst, a, b, V::sub, |p, q| p - q)
+            }
+            (Lin::Mul, true) if <T as crate::device::cpu::CpuBuilds>::SIMD => {
+                lin::<T, V, true>(dst, a, b, V::mul, |p, q| p * q)
+            }
             (Lin::Add, _) => lin::<T, V, false>(dst, a, b, V::add, |p, q| p + q),
             (Lin::Sub, _) => lin::<T, V, false>(dst, a, b, V::sub, |p, q| p - q),
             (Lin::Mul, _) => lin::<T, V, false>(dst, a, b, V::mul, |p, q| p * q),

@@ -3,10 +3,17 @@
 
 use super::{Binary, Unary};
 use crate::device::cuda::{blocks_for, cfg, launch, strides};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::tensor::{CudaBuf, Tensor};
 use cudarc::driver::CudaSlice;
+
+/// This family's CUDA C (`kernels/elementwise.cu`).
+pub(crate) static KERNELS: Family = Family {
+    name: "elementwise",
+    source: include_str!("../../kernels/elementwise.cu"),
+};
 
 const BLOCK: u32 = 256;
 
@@ -66,11 +73,11 @@ pub(crate) fn unary<T: Element>(
     let mut y = g.uninit::<T>(n)?;
     let (kind, c, ni) = unary_code(k);
     if n > 0 && from == shape {
-        launch!(g, "unary", g.function::<T>("elementwise", "unary")?, cfg(grid(n), BLOCK, 0);
+        launch!(g, "unary", g.function::<T>(&KERNELS, "unary")?, cfg(grid(n), BLOCK, 0);
             &x.data, &mut y, &(n as i64), &kind, &c, &ni)?;
     } else if n > 0 {
         let s = strides("unary", shape, from, &[])?;
-        launch!(g, "unary", g.function::<T>("elementwise", "unary_strided")?,
+        launch!(g, "unary", g.function::<T>(&KERNELS, "unary_strided")?,
             cfg(grid(n), BLOCK, 0);
             &x.data, &mut y, &s, &(n as i64), &kind, &c, &ni)?;
     }
@@ -89,12 +96,12 @@ pub(crate) fn binary<T: Element>(
     let mut y = g.uninit::<T>(n)?;
     let (kind, ni) = binary_code(k);
     if n > 0 && sa == out && sb == out {
-        launch!(g, "binary", g.function::<T>("elementwise", "binary_flat")?,
+        launch!(g, "binary", g.function::<T>(&KERNELS, "binary_flat")?,
             cfg(grid(n), BLOCK, 0);
             &a.data, &b.data, &mut y, &(n as i64), &kind, &ni)?;
     } else if n > 0 {
         let s = strides("binary", out, sa, sb)?;
-        launch!(g, "binary", g.function::<T>("elementwise", "binary")?, cfg(grid(n), BLOCK, 0);
+        launch!(g, "binary", g.function::<T>(&KERNELS, "binary")?, cfg(grid(n), BLOCK, 0);
             &a.data, &b.data, &mut y, &s, &(n as i64), &kind, &ni)?;
     }
     Tensor::from_cuda(out, g.clone(), y)
@@ -111,7 +118,7 @@ pub(crate) fn mul_grads<T: Element>(
     let n = gr.len;
     let (mut da, mut db) = (g.uninit::<T>(n)?, g.uninit::<T>(n)?);
     if n > 0 {
-        launch!(g, "mul backward", g.function::<T>("elementwise", "mul_grads")?,
+        launch!(g, "mul backward", g.function::<T>(&KERNELS, "mul_grads")?,
             cfg(grid(n), BLOCK, 0);
             &gr.data, &a.data, &b.data, &mut da, &mut db, &(n as i64))?;
     }
@@ -132,7 +139,7 @@ pub(crate) fn relu_forward<T: Element>(
     let mut y = g.uninit::<T>(n)?;
     let mut mask = g.zeros::<u32>(n.div_ceil(32))?;
     if n > 0 {
-        launch!(g, "relu", g.function::<T>("elementwise", "relu_fwd")?, cfg(grid(n), BLOCK, 0);
+        launch!(g, "relu", g.function::<T>(&KERNELS, "relu_fwd")?, cfg(grid(n), BLOCK, 0);
             &x.data, &mut y, &mut mask, &(n as i64))?;
     }
     Ok((Tensor::from_cuda(shape, g.clone(), y)?, mask))
@@ -148,7 +155,7 @@ pub(crate) fn relu_backward<T: Element>(
     let n = gr.len;
     let mut dx = g.uninit::<T>(n)?;
     if n > 0 {
-        launch!(g, "relu backward", g.function::<T>("elementwise", "relu_bwd")?,
+        launch!(g, "relu backward", g.function::<T>(&KERNELS, "relu_bwd")?,
             cfg(grid(n), BLOCK, 0);
             mask, &gr.data, &mut dx, &(n as i64))?;
     }

@@ -1,20 +1,22 @@
 //! Elementwise ops: unary arithmetic, broadcasting binary arithmetic and
-//! activations. Each op's forward and chain rule sit in `unary.rs`,
-//! `binary.rs` or `activation.rs`; they reach data only through the
+//! activations. Each op's forward and chain rule sit in `pointwise.rs`,
+//! `arith.rs` or `activation.rs`; they reach data only through the
 //! device-level kernels below, which take a kind (what to compute per
 //! element) and pick the device's loops with one `match` on the storage.
 
 mod activation;
-mod binary;
+mod arith;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
-mod unary;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
+mod pointwise;
 pub(crate) mod vmath;
 
 pub use activation::*;
-pub use binary::*;
-pub use unary::*;
+pub use arith::*;
+pub use pointwise::*;
 
 use crate::device::pool::Buffer;
 use crate::dtype::Element;

@@ -4,9 +4,16 @@
 
 use super::cpu::positions_by_id;
 use crate::device::cuda::{blocks_for, cfg, launch};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::tensor::{CudaBuf, Tensor};
+
+/// This family's CUDA C (`kernels/embedding.cu`).
+pub(crate) static KERNELS: Family = Family {
+    name: "embedding",
+    source: include_str!("../../kernels/embedding.cu"),
+};
 
 const BLOCK: u32 = 256;
 
@@ -26,7 +33,7 @@ pub(crate) fn gather<T: Element>(
     let mut y = g.uninit::<T>(n)?;
     if n > 0 {
         let d_ids = g.upload_owned(as_i64(ids))?;
-        launch!(g, "embedding", g.function::<T>("embedding", "embedding")?,
+        launch!(g, "embedding", g.function::<T>(&KERNELS, "embedding")?,
             cfg(blocks_for(n, BLOCK as usize), BLOCK, 0);
             &w.data, &d_ids, &mut y, &(ids.len() as i64), &(dim as i64))?;
     }
@@ -49,7 +56,7 @@ pub(crate) fn scatter_add<T: Element>(
             g.upload_owned(as_i64(&start))?,
             g.upload_owned(as_i64(&pos))?,
         );
-        launch!(g, "embedding backward", g.function::<T>("embedding", "embedding_backward")?,
+        launch!(g, "embedding backward", g.function::<T>(&KERNELS, "embedding_backward")?,
             cfg(blocks_for(n, BLOCK as usize), BLOCK, 0);
             &gr.data, &d_start, &d_pos, &mut dw, &(vocab as i64), &(dim as i64))?;
     }

@@ -5,10 +5,21 @@
 //! kernels, so no call waits on the host.
 
 use crate::device::cuda::{cfg, launch};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::ops::norm::cuda::{addr, backward_ranges, forward_range, grid, team};
 use crate::tensor::{CudaBuf, Tensor};
+
+/// This family's CUDA C (`kernels/layer_norm.cu`, after the norm core both
+/// fused norms share).
+pub(crate) static KERNELS: Family = Family {
+    name: "layer_norm",
+    source: concat!(
+        include_str!("../../kernels/norm_core.cuh"),
+        include_str!("../../kernels/layer_norm.cu")
+    ),
+};
 
 /// The output and the saved statistics (mean, rstd).
 type Forward<T> = (
@@ -35,7 +46,7 @@ pub(crate) fn forward<T: Element>(
     let (tpr, block) = team::<T>(d, 8);
     let r = forward_range(n);
     let (ga, ba) = (addr(gamma.map(|b| &b.data)), addr(beta.map(|b| &b.data)));
-    launch!(g, "layer_norm forward", g.function::<T>("layer_norm", "layer_norm_fwd")?,
+    launch!(g, "layer_norm forward", g.function::<T>(&KERNELS, "layer_norm_fwd")?,
         cfg(grid(n.div_ceil(r), block / tpr), block, 0);
         &x.data, &ga, &ba, &mut y, &mut mean, &mut rstd,
         &(n as i64), &(d as i64), &(tpr as i32), &(r as i64), &eps)?;
@@ -83,7 +94,7 @@ pub(crate) fn backward<T: Element>(
         let (tpr, block) = team::<T>(d, 2);
         let ga = addr(gamma.map(|b| &b.data));
         let (dxa, pa) = (addr(dx.as_ref()), addr(part.as_ref()));
-        launch!(g, "layer_norm backward", g.function::<T>("layer_norm", "layer_norm_bwd")?,
+        launch!(g, "layer_norm backward", g.function::<T>(&KERNELS, "layer_norm_bwd")?,
             cfg(grid(parts, block / tpr), block, 0);
             &x.data, &dy.data, &ga, &mean.data, &rstd.data, &dxa, &pa,
             &(n as i64), &(d as i64), &(tpr as i32), &(r as i64), &eps)?;
@@ -102,7 +113,7 @@ pub(crate) fn backward<T: Element>(
         };
         let (dga, dba) = (addr(dg.as_ref()), addr(db.as_ref()));
         let np = if n > 0 { parts } else { 0 };
-        launch!(g, "layer_norm backward", g.function::<T>("layer_norm", "layer_norm_bwd_finalize")?,
+        launch!(g, "layer_norm backward", g.function::<T>(&KERNELS, "layer_norm_bwd_finalize")?,
             cfg((2 * d).div_ceil(32).clamp(1, 65_535) as u32, 256, 0);
             &*part, &dga, &dba, &(np as i64), &(d as i64))?;
         dgamma = dg

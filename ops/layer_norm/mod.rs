@@ -41,6 +41,8 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
 pub(crate) mod scaled;
 
 use crate::device::pool::Buffer;
@@ -50,7 +52,7 @@ use crate::layout::checked_numel;
 use crate::op::{Op, Saved, SavedItem};
 #[cfg(feature = "cuda")]
 use crate::ops::norm::cuda::gpu_side;
-use crate::ops::norm::{cpu_side, NormSpec};
+use crate::ops::norm::{cpu_side, record, NormKind, NormSpec};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 use num_traits::{Float, Zero};
@@ -356,11 +358,11 @@ pub fn layer_norm_nd<T: Element>(
         has_gamma: gamma.is_some(),
         has_beta: beta.is_some(),
     };
-    T::layer_norm_node(spec, &inputs)
+    record(NormKind::Layer, spec, &inputs)
 }
 
 /// The LayerNorm node of a checked `spec`, for one concrete `T` (through
-/// `NormOps`, so that it is compiled once, in this crate).
+/// `ops::norm::record`, so that it is compiled once, in this crate).
 pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let ln = LayerNorm {
         normalized: spec.normalized.clone(),

@@ -4,11 +4,18 @@
 //! depend on the device; no atomics.
 
 use crate::device::cuda::{cfg, launch, Gpu, NULL};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::tensor::{CudaBuf, Tensor};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;
+
+/// This family's CUDA C (`kernels/loss.cu`).
+pub(crate) static KERNELS: Family = Family {
+    name: "loss",
+    source: include_str!("../../kernels/loss.cu"),
+};
 
 const BLOCK: u32 = 256;
 /// Elements per partial sum of mse (`mse_part`).
@@ -42,7 +49,7 @@ fn finish<T: Element>(
     n: usize,
 ) -> Result<Tensor<T>> {
     let mut y = g.uninit::<T>(1)?;
-    let f = g.function::<T>("loss", "loss_final")?;
+    let f = g.function::<T>(&KERNELS, "loss_final")?;
     // One block of 1024: the fold's order is fixed by it.
     match part {
         Some((p, nparts)) => launch!(g, "loss", f, cfg(1, 1024, 0);
@@ -62,7 +69,7 @@ pub(crate) fn mse<T: Element>(p: &CudaBuf<T>, t: &CudaBuf<T>) -> Result<Tensor<T
     }
     let nchunk = n.div_ceil(MSE_CHUNK);
     let mut part = g.uninit::<T::Acc>(nchunk)?;
-    launch!(g, "mse", g.function::<T>("loss", "mse_part")?, cfg(grid(nchunk), BLOCK, 0);
+    launch!(g, "mse", g.function::<T>(&KERNELS, "mse_part")?, cfg(grid(nchunk), BLOCK, 0);
         &p.data, &t.data, &mut part, &(n as i64), &(MSE_CHUNK as i64))?;
     finish::<T>(g, Some((&part, nchunk)), n)
 }
@@ -80,7 +87,7 @@ pub(crate) fn mse_grad<T: Element>(
     let n = p.len;
     let mut dx = g.uninit::<T>(n)?;
     if n > 0 {
-        launch!(g, "mse backward", g.function::<T>("loss", "mse_grad")?,
+        launch!(g, "mse backward", g.function::<T>(&KERNELS, "mse_grad")?,
             cfg(grid(n.div_ceil(BLOCK as usize)), BLOCK, 0);
             &gr.data, &p.data, &t.data, &mut dx, &(n as i64), &sign)?;
     }
@@ -112,7 +119,7 @@ pub(crate) fn cross_entropy<T: Element>(
             let block = if c >= 8192 { 1024 } else { 256 };
             ("ce_fwd_block", cfg(grid(n), block, 0))
         };
-        launch!(g, "cross_entropy", g.function::<T>("loss", f)?, c_fg;
+        launch!(g, "cross_entropy", g.function::<T>(&KERNELS, f)?, c_fg;
             &x.data, &tg, &mut max, &mut log_sum, &mut row_loss, &(n as i64), &(c as i64))?;
         finish::<T>(g, Some((&row_loss, n)), n)?
     };
@@ -141,7 +148,7 @@ pub(crate) fn cross_entropy_grad<T: Element>(
     let mut dx = g.uninit::<T>(total)?;
     if total > 0 {
         let tg = g.upload_owned(as_i64(targets))?;
-        launch!(g, "cross_entropy backward", g.function::<T>("loss", "ce_bwd")?,
+        launch!(g, "cross_entropy backward", g.function::<T>(&KERNELS, "ce_bwd")?,
             cfg(grid(total.div_ceil(BLOCK as usize)), BLOCK, 0);
             &gr.data, &x.data, &tg, &st.max, &st.log_sum, &mut dx, &(n as i64), &(c as i64))?;
     }

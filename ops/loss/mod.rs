@@ -15,6 +15,8 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
 
 use super::elementwise::check_devices;
 use crate::dtype::Element;

@@ -35,6 +35,7 @@ pub(crate) fn rows_per_group(n: usize, d: usize) -> usize {
 }
 
 /// Number of backward groups for `n` rows of `d`.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))] // read by `probes`
 pub(crate) fn groups(n: usize, d: usize) -> usize {
     n.div_ceil(rows_per_group(n, d))
 }

@@ -1,16 +1,17 @@
-//! What the fused LayerNorm and RMSNorm share: the [`NormOps`] entry point
-//! through which each element type runs their tape nodes, and the CPU row
-//! helpers of both kernels ([`cpu_rows`]).
+//! What the fused LayerNorm and RMSNorm share: [`record`], through which
+//! every element type records their tape nodes (built once per concrete
+//! type, here), and the CPU row helpers of both kernels ([`cpu_rows`]).
 
 pub(crate) mod cpu_rows;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod twin;
 
-use crate::dtype::Element;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::tape::Var;
 use crate::tensor::{Storage, Tensor};
+use std::any::Any;
 
 /// A fused norm node as the public fns checked it: inputs `[x, gamma?,
 /// beta?]` normalized over `normalized` (`d` elements per row).
@@ -22,53 +23,84 @@ pub struct NormSpec {
     pub(crate) has_beta: bool,
 }
 
-/// The fused norms' tape nodes for one element type; a supertrait of
-/// [`Element`], sealed (public, in a private module) so that it is not part
-/// of the API and no other crate implements it.
-///
-/// Every impl is non-generic ([`norm_ops!`]): the nodes and every SIMD build
-/// of their kernels are compiled once, in this crate, for the concrete
-/// element type. Called through generic code instead, they would be
-/// compiled again in every crate that runs an op (each test binary and
-/// example), since optimized builds do not share generic instances across
-/// crates.
-pub trait NormOps: Sized {
-    /// Records a fused LayerNorm node (`ops/layer_norm`).
-    fn layer_norm_node(spec: NormSpec, inputs: &[&Var<Self>]) -> Result<Var<Self>>
-    where
-        Self: Element;
-    /// Records a fused RMSNorm node (`ops/rms_norm`; `spec.has_beta` is
-    /// false).
-    fn rms_norm_node(spec: NormSpec, inputs: &[&Var<Self>]) -> Result<Var<Self>>
-    where
-        Self: Element;
+/// Which fused norm a node is: LayerNorm subtracts the mean and adds beta,
+/// RMSNorm does neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NormKind {
+    /// `ops/layer_norm`.
+    Layer,
+    /// `ops/rms_norm` (`spec.has_beta` is false).
+    Rms,
 }
 
-/// [`NormOps`] for concrete element types (each with an [`Element`]
-/// accumulation type), instantiating the generic nodes once, here.
-macro_rules! norm_ops {
-    ($($t:ty),*) => {$(
-        impl $crate::ops::norm::NormOps for $t {
-            #[inline(never)]
-            fn layer_norm_node(
-                spec: $crate::ops::norm::NormSpec,
-                inputs: &[&$crate::tape::Var<Self>],
-            ) -> $crate::error::Result<$crate::tape::Var<Self>> {
-                $crate::ops::layer_norm::node(spec, inputs)
-            }
-            #[inline(never)]
-            fn rms_norm_node(
-                spec: $crate::ops::norm::NormSpec,
-                inputs: &[&$crate::tape::Var<Self>],
-            ) -> $crate::error::Result<$crate::tape::Var<Self>> {
-                $crate::ops::rms_norm::node(spec, inputs)
+/// A fused norm's tape node for one concrete element type.
+type NodeFn<U> = fn(NormKind, NormSpec, &[&Var<U>]) -> Result<Var<U>>;
+
+/// The nodes of a concrete type, built here and only here: a plain fn is
+/// compiled once, in this crate, with every SIMD build of its kernels.
+/// Called through generic code instead, they would be compiled again in
+/// every crate that runs an op (each test binary and example), since
+/// optimized builds do not share generic instances across crates.
+macro_rules! concrete_nodes {
+    ($($name:ident: $t:ty),*) => {$(
+        #[inline(never)]
+        fn $name(kind: NormKind, spec: NormSpec, inputs: &[&Var<$t>]) -> Result<Var<$t>> {
+            match kind {
+                NormKind::Layer => crate::ops::layer_norm::node(spec, inputs),
+                NormKind::Rms => crate::ops::rms_norm::node(spec, inputs),
             }
         }
     )*};
 }
-pub(crate) use norm_ops;
+concrete_nodes!(node_f32: f32, node_f64: f64, node_f16: half::f16, node_bf16: half::bf16);
+#[cfg(feature = "probes")]
+concrete_nodes!(node_counted: crate::probes::counted::Counted);
 
-norm_ops!(f32, f64, half::f16, half::bf16);
+/// Records the fused norm node of a checked `spec`: `T`'s [`DType`] picks
+/// the concrete node, and the Vars pass through it unchanged.
+pub(crate) fn record<T: Element>(
+    kind: NormKind,
+    spec: NormSpec,
+    inputs: &[&Var<T>],
+) -> Result<Var<T>> {
+    match T::DTYPE {
+        DType::F32 => via(node_f32, kind, spec, inputs),
+        DType::F64 => via(node_f64, kind, spec, inputs),
+        DType::F16 => via(node_f16, kind, spec, inputs),
+        DType::BF16 => via(node_bf16, kind, spec, inputs),
+        #[cfg(feature = "probes")]
+        DType::Probe => via(node_counted, kind, spec, inputs),
+        #[cfg(not(feature = "probes"))]
+        DType::Probe => Err(unknown::<T>()),
+    }
+}
+
+/// `node` on `inputs` seen as `Var<U>`, the type `T` is.
+fn via<T: Element, U: Element>(
+    node: NodeFn<U>,
+    kind: NormKind,
+    spec: NormSpec,
+    inputs: &[&Var<T>],
+) -> Result<Var<T>> {
+    let mut same: Vec<&Var<U>> = Vec::with_capacity(inputs.len());
+    for v in inputs {
+        let any: &dyn Any = *v;
+        same.push(any.downcast_ref::<Var<U>>().ok_or_else(unknown::<T>)?);
+    }
+    let out: Box<dyn Any> = Box::new(node(kind, spec, &same)?);
+    out.downcast::<Var<T>>()
+        .map(|v| *v)
+        .map_err(|_| unknown::<T>())
+}
+
+/// The error for an element type without fused norm kernels (none of the
+/// public types: `Element` is sealed).
+fn unknown<T: Element>() -> Error {
+    Error::InvalidArgument {
+        op: "fused norm",
+        msg: format!("no fused norm kernels for element type {}", T::NAME),
+    }
+}
 
 /// The host elements of a side input (gamma, beta) of a norm whose `x` is
 /// on the CPU; `DeviceMismatch` if it lives elsewhere.

@@ -6,10 +6,17 @@
 //! the shape alone, so the bits do not depend on the device.
 
 use crate::device::cuda::{cfg, launch, Strides, MAX_RANK};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::layout::alloc_filled;
 use crate::tensor::{CudaBuf, Tensor};
+
+/// This family's CUDA C (`kernels/reduce.cu`).
+pub(crate) static KERNELS: Family = Family {
+    name: "reduce",
+    source: include_str!("../../kernels/reduce.cu"),
+};
 
 const BLOCK: u32 = 256;
 /// Warps per block of the row kernels (`BLOCK / 32`).
@@ -81,7 +88,7 @@ pub(crate) fn sum<T: Element>(
     let mut y = g.uninit::<T>(nout)?;
     match blocks(&groups) {
         Some((outer, r, 1)) if outer >= 2048 || r <= 32_768 => {
-            launch!(g, "sum_rows", g.function::<T>("reduce", "sum_rows")?,
+            launch!(g, "sum_rows", g.function::<T>(&KERNELS, "sum_rows")?,
                 cfg(grid(outer.div_ceil(WARPS)), BLOCK, 0);
                 &x.data, &mut y, &(outer as i64), &(r as i64), &div)?;
         }
@@ -89,15 +96,15 @@ pub(crate) fn sum<T: Element>(
             // Few long rows: per-chunk partials (in A), then their row sums.
             let nchunk = r.div_ceil(ROW_CHUNK);
             let mut part = g.uninit::<T::Acc>(outer * nchunk)?;
-            launch!(g, "sum_rows_part", g.function::<T>("reduce", "sum_rows_part")?,
+            launch!(g, "sum_rows_part", g.function::<T>(&KERNELS, "sum_rows_part")?,
                 cfg(grid(outer * nchunk), BLOCK, 0);
                 &x.data, &mut part, &(outer as i64), &(r as i64), &(ROW_CHUNK as i64))?;
-            launch!(g, "sum_rows_final", g.function::<T>("reduce", "sum_rows_final")?,
+            launch!(g, "sum_rows_final", g.function::<T>(&KERNELS, "sum_rows_final")?,
                 cfg(grid(outer.div_ceil(WARPS)), BLOCK, 0);
                 &part, &mut y, &(outer as i64), &(nchunk as i64), &div)?;
         }
         Some((outer, r, inner)) if outer * inner >= 16_384 || r <= 1024 => {
-            launch!(g, "sum_cols", g.function::<T>("reduce", "sum_cols")?,
+            launch!(g, "sum_cols", g.function::<T>(&KERNELS, "sum_cols")?,
                 cfg(grid((outer * inner).div_ceil(BLOCK as usize)), BLOCK, 0);
                 &x.data, &mut y, &(outer as i64), &(r as i64), &(inner as i64), &div)?;
         }
@@ -105,11 +112,11 @@ pub(crate) fn sum<T: Element>(
             // Few long columns: per-chunk partial columns, then their sums.
             let nchunk = r.div_ceil(COL_CHUNK);
             let mut part = g.uninit::<T::Acc>(outer * nchunk * inner)?;
-            launch!(g, "sum_cols_part", g.function::<T>("reduce", "sum_cols_part")?,
+            launch!(g, "sum_cols_part", g.function::<T>(&KERNELS, "sum_cols_part")?,
                 cfg(grid((outer * nchunk * inner).div_ceil(BLOCK as usize)), BLOCK, 0);
                 &x.data, &mut part, &(outer as i64), &(r as i64), &(inner as i64),
                 &(COL_CHUNK as i64))?;
-            launch!(g, "sum_cols_final", g.function::<T>("reduce", "sum_cols_final")?,
+            launch!(g, "sum_cols_final", g.function::<T>(&KERNELS, "sum_cols_final")?,
                 cfg(grid((outer * inner).div_ceil(BLOCK as usize)), BLOCK, 0);
                 &part, &mut y, &(outer as i64), &(nchunk as i64), &(inner as i64), &div)?;
         }
@@ -146,7 +153,7 @@ pub(crate) fn sum<T: Element>(
                 1025..=16_384 => 128,
                 _ => 512,
             };
-            launch!(g, "sum_strided", g.function::<T>("reduce", "sum_strided")?,
+            launch!(g, "sum_strided", g.function::<T>(&KERNELS, "sum_strided")?,
                 cfg(grid(nout), block, 0);
                 &x.data, &mut y, &s, &(nkeep as i32), &(nout as i64), &(nred as i64), &div)?;
         }

@@ -6,17 +6,21 @@
 //! with `n = |R|`, so `dx_i = g_{out(i)} / n`. Neither needs saved tensors;
 //! the op keeps only the input's shape and the reduced axes (metadata).
 
-use crate::dtype::{Accum, Element};
+use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
+pub(crate) mod kernel;
 
 use super::elementwise::{unary_to, Unary};
 use crate::layout::{alloc_filled, checked_numel, normalize_axes};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
+use kernel::sum_kernel;
 use num_traits::Zero;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -136,24 +140,6 @@ impl<T: Element> Op<T> for Reduce {
             Kind::Mean => Unary::DivScalar(self.count as f64),
         };
         Ok(vec![Some(unary_to(self.name, k, &g, &self.in_shape)?)])
-    }
-}
-
-/// `x` summed over the axes where `red` is set (each sum divided by `div`
-/// when given), shaped `out`: the device-level reduction kernel.
-pub(crate) fn sum_kernel<T: Element>(
-    x: &Tensor<T>,
-    red: &[bool],
-    div: Option<usize>,
-    out: &[usize],
-) -> Result<Tensor<T>> {
-    match x.storage() {
-        Storage::Cpu(xs) => {
-            let div = div.map(|n| T::Acc::of(n as f64));
-            Tensor::from_vec(out.to_vec(), cpu::sum(xs, x.shape(), red, div))
-        }
-        #[cfg(feature = "cuda")]
-        Storage::Cuda(xs) => cuda::sum(xs, x.shape(), red, div, out),
     }
 }
 

@@ -152,7 +152,7 @@ pub(crate) fn forward<T: Element>(
     let mut y = Tensor::<T>::scratch(n * d);
     let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
     // Streaming builds for f32 only (see the LayerNorm forward).
-    let run = if T::SIMD && should_stream::<T>(n * d) {
+    let run = if <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d) {
         fwd_launch::<T, true, true>
     } else {
         fwd_launch::<T, true, false>
@@ -341,7 +341,9 @@ pub(crate) fn backward<T: Element>(
     // Streaming builds for f32 only; the partials always summed (see the
     // LayerNorm backward).
     let run = match want_dx {
-        true if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, true, true>,
+        true if <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d) => {
+            bwd_launch::<T, true, true, true>
+        }
         true => bwd_launch::<T, true, true, false>,
         false => bwd_launch::<T, false, true, false>,
     };

@@ -2,10 +2,21 @@
 //! structure without the mean and beta (see `ops/layer_norm/cuda.rs`).
 
 use crate::device::cuda::{cfg, launch};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::ops::norm::cuda::{addr, backward_ranges, forward_range, grid, team};
 use crate::tensor::{CudaBuf, Tensor};
+
+/// This family's CUDA C (`kernels/rms_norm.cu`, after the norm core both
+/// fused norms share).
+pub(crate) static KERNELS: Family = Family {
+    name: "rms_norm",
+    source: concat!(
+        include_str!("../../kernels/norm_core.cuh"),
+        include_str!("../../kernels/rms_norm.cu")
+    ),
+};
 
 /// `y` and `rstd` of `x` (`n` rows of `d`).
 pub(crate) fn forward<T: Element>(
@@ -22,7 +33,7 @@ pub(crate) fn forward<T: Element>(
     let (tpr, block) = team::<T>(d, 8);
     let r = forward_range(n);
     let ga = addr(gamma.map(|b| &b.data));
-    launch!(g, "rms_norm forward", g.function::<T>("rms_norm", "rms_norm_fwd")?,
+    launch!(g, "rms_norm forward", g.function::<T>(&KERNELS, "rms_norm_fwd")?,
         cfg(grid(n.div_ceil(r), block / tpr), block, 0);
         &x.data, &ga, &mut y, &mut rstd,
         &(n as i64), &(d as i64), &(tpr as i32), &(r as i64), &eps)?;
@@ -61,7 +72,7 @@ pub(crate) fn backward<T: Element>(
         let (tpr, block) = team::<T>(d, 2);
         let ga = addr(gamma.map(|b| &b.data));
         let (dxa, pa) = (addr(dx.as_ref()), addr(part.as_ref()));
-        launch!(g, "rms_norm backward", g.function::<T>("rms_norm", "rms_norm_bwd")?,
+        launch!(g, "rms_norm backward", g.function::<T>(&KERNELS, "rms_norm_bwd")?,
             cfg(grid(parts, block / tpr), block, 0);
             &x.data, &dy.data, &ga, &rstd.data, &dxa, &pa,
             &(n as i64), &(d as i64), &(tpr as i32), &(r as i64), &eps)?;
@@ -70,7 +81,7 @@ pub(crate) fn backward<T: Element>(
     if let Some(part) = part.as_mut() {
         let mut dg = g.uninit::<T>(d)?;
         let np = if n > 0 { parts } else { 0 };
-        launch!(g, "rms_norm backward", g.function::<T>("rms_norm", "rms_norm_bwd_finalize")?,
+        launch!(g, "rms_norm backward", g.function::<T>(&KERNELS, "rms_norm_bwd_finalize")?,
             cfg(d.div_ceil(32).clamp(1, 65_535) as u32, 256, 0);
             &*part, &mut dg, &(np as i64), &(d as i64))?;
         dgamma = Some(Tensor::from_cuda(normalized, g.clone(), dg)?);

@@ -21,6 +21,8 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
 
 use crate::dtype::Accum;
 use crate::dtype::Element;
@@ -30,7 +32,7 @@ use crate::ops::layer_norm::{check_eps, check_param, input, last_axis, no_stats,
 use crate::ops::norm::cpu_side;
 #[cfg(feature = "cuda")]
 use crate::ops::norm::cuda::gpu_side;
-use crate::ops::norm::NormSpec;
+use crate::ops::norm::{record, NormKind, NormSpec};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 
@@ -197,11 +199,11 @@ pub fn rms_norm_nd<T: Element>(
         has_gamma: gamma.is_some(),
         has_beta: false,
     };
-    T::rms_norm_node(spec, &inputs)
+    record(NormKind::Rms, spec, &inputs)
 }
 
 /// The RMSNorm node of a checked `spec`, for one concrete `T` (through
-/// `NormOps`, so that it is compiled once, in this crate).
+/// `ops::norm::record`, so that it is compiled once, in this crate).
 pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let op = RmsNorm {
         normalized: spec.normalized.clone(),

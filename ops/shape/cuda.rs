@@ -3,9 +3,16 @@
 //! backward.
 
 use crate::device::cuda::{blocks_for, cfg, launch, Strides, MAX_RANK};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{CudaBuf, Tensor};
+
+/// This family's CUDA C (`kernels/shape.cu`).
+pub(crate) static KERNELS: Family = Family {
+    name: "shape",
+    source: include_str!("../../kernels/shape.cu"),
+};
 
 const BLOCK: u32 = 256;
 
@@ -37,7 +44,7 @@ pub(crate) fn permute<T: Element>(
     let g = &x.gpu;
     let mut y = g.uninit::<T>(n)?;
     if n > 0 {
-        launch!(g, "permute", g.function::<T>("shape", "permute")?,
+        launch!(g, "permute", g.function::<T>(&KERNELS, "permute")?,
             cfg(blocks_for(n, BLOCK as usize), BLOCK, 0);
             &x.data, &mut y, &(n as i64), &s)?;
     }
@@ -60,7 +67,7 @@ fn block_copy<T: Element>(
         return Ok(());
     }
     let g = &x.gpu;
-    launch!(g, "block_copy", g.function::<T>("shape", "block_copy")?,
+    launch!(g, "block_copy", g.function::<T>(&KERNELS, "block_copy")?,
         cfg(blocks_for(n, BLOCK as usize), BLOCK, 0);
         &x.data, y, &(outer as i64), &(width as i64),
         &(src.0 as i64), &(src.1 as i64), &(dst.0 as i64), &(dst.1 as i64))
@@ -100,7 +107,7 @@ pub(crate) fn pad_rows<T: Element>(
     let gpu = &g.gpu;
     let mut dx = gpu.uninit::<T>(n)?;
     if n > 0 {
-        launch!(gpu, "narrow backward", gpu.function::<T>("shape", "narrow_backward")?,
+        launch!(gpu, "narrow backward", gpu.function::<T>(&KERNELS, "narrow_backward")?,
             cfg(blocks_for(n, BLOCK as usize), BLOCK, 0);
             &g.data, &mut dx, &(outer as i64), &(d as i64), &(inner as i64),
             &(start as i64), &(len as i64))?;

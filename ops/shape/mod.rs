@@ -16,6 +16,8 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
 mod slice;
 
 pub use slice::*;
@@ -106,7 +108,7 @@ fn bad_perm(op: &'static str, perm: &[usize], shape: &[usize]) -> Error {
 
 /// `y = x` repeated along the axes where `x` has size 1 (or lacks the axis),
 /// NumPy style. Backward returns `g` in the broadcast shape unchanged; the
-/// tape's [`crate::layout::sum_to_shape`] sums it back over the repeated axes
+/// tape's [`crate::ops::reduce::kernel::sum_to_shape`] sums it back over the repeated axes
 /// (`dx_j = sum over the copies of x_j of g`), the one place that reduction
 /// lives.
 struct BroadcastTo {

@@ -5,10 +5,17 @@
 //! so the sums' order (and the bits) do not depend on the device.
 
 use crate::device::cuda::{cfg, launch};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::tensor::{CudaBuf, Tensor};
 use cudarc::driver::LaunchConfig;
+
+/// This family's CUDA C (`kernels/softmax.cu`).
+pub(crate) static KERNELS: Family = Family {
+    name: "softmax",
+    source: include_str!("../../kernels/softmax.cu"),
+};
 
 /// Blocks for `units` work items, capped at the kernels' grid limit (their
 /// loops stride over the rest).
@@ -55,11 +62,11 @@ pub(crate) fn forward<T: Element>(
         let lg = log as i32;
         match plan(outer, d, inner) {
             Plan::Rows(v, c) => {
-                launch!(g, "softmax", g.function::<T>("softmax", &format!("softmax_fwd_{v}"))?, c;
+                launch!(g, "softmax", g.function::<T>(&KERNELS, &format!("softmax_fwd_{v}"))?, c;
                     &x.data, &mut y, &(outer as i64), &(d as i64), &lg)?;
             }
             Plan::Cols(c) => {
-                launch!(g, "softmax", g.function::<T>("softmax", "softmax_fwd_cols")?, c;
+                launch!(g, "softmax", g.function::<T>(&KERNELS, "softmax_fwd_cols")?, c;
                     &x.data, &mut y, &(outer as i64), &(d as i64), &(inner as i64), &lg)?;
             }
         }
@@ -86,11 +93,11 @@ pub(crate) fn backward<T: Element>(
         match plan(outer, d, inner) {
             Plan::Rows(v, c) => {
                 launch!(g, "softmax backward",
-                    g.function::<T>("softmax", &format!("softmax_bwd_{v}"))?, c;
+                    g.function::<T>(&KERNELS, &format!("softmax_bwd_{v}"))?, c;
                     &y.data, &gr.data, &mut dx, &(outer as i64), &(d as i64), &lg)?;
             }
             Plan::Cols(c) => {
-                launch!(g, "softmax backward", g.function::<T>("softmax", "softmax_bwd_cols")?, c;
+                launch!(g, "softmax backward", g.function::<T>(&KERNELS, "softmax_bwd_cols")?, c;
                     &y.data, &gr.data, &mut dx, &(outer as i64), &(d as i64), &(inner as i64),
                     &lg)?;
             }

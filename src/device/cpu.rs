@@ -148,7 +148,7 @@ pub(crate) fn lanes_for<T: Element, K: Kernel<T>>(k: &K) -> Simd {
 #[inline(always)]
 pub(crate) fn dispatch<T: Element, K: Kernel<T>>(k: K) -> K::Output {
     #[cfg(target_arch = "x86_64")]
-    if T::SIMD {
+    if <T as CpuBuilds>::SIMD {
         #[target_feature(enable = "avx2")]
         fn avx2<T: Element, K: Kernel<T>>(k: K) -> K::Output {
             k.run::<x86::Avx2>()
@@ -275,11 +275,12 @@ pub use profile::profile;
 use profile::Switch;
 #[cfg(any(test, feature = "probes"))]
 pub use profile::{cpu_vendor, set_profile, Profile};
-pub(crate) use team::run_each;
+pub use team::run_each;
 #[cfg(feature = "probes")]
 pub use team::set_team;
 #[cfg(test)]
 use team::{run_tasks, SPIN, YIELD};
 pub use tuning::*;
+#[cfg_attr(not(feature = "probes"), allow(unused_imports))] // read by `probes`
 pub use write::stream_copy;
 pub(crate) use write::{write_row, write_rows_ahead, write_rows_with};

@@ -9,7 +9,7 @@
 //! `catch_unwind`: no panic crosses the public API.
 
 use super::kernel_cache::{self, Origin};
-use super::nvrtc;
+use super::nvrtc::{self, Family};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
@@ -191,7 +191,7 @@ impl Gpu {
     /// GPU's architecture on first use.
     pub(crate) fn function<T: Element>(
         &self,
-        family: &'static str,
+        family: &'static Family,
         name: &str,
     ) -> Result<CudaFunction> {
         self.function_named(family, &format!("{name}_{}", T::NAME))
@@ -199,7 +199,11 @@ impl Gpu {
 
     /// Kernel `entry` of `family` (an exact entry-point name), looked up
     /// once per device.
-    pub(crate) fn function_named(&self, family: &'static str, entry: &str) -> Result<CudaFunction> {
+    pub(crate) fn function_named(
+        &self,
+        family: &'static Family,
+        entry: &str,
+    ) -> Result<CudaFunction> {
         let lock = || self.functions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = lock().get(entry) {
             return Ok(f.clone());
@@ -214,16 +218,12 @@ impl Gpu {
 
     /// Family `family`'s module, loaded once per device: from the kernel
     /// cache, or compiled (again, when the driver rejects a cached image).
-    fn module(&self, family: &'static str) -> Result<Arc<CudaModule>> {
+    fn module(&self, family: &'static Family) -> Result<Arc<CudaModule>> {
         let mut m = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(md) = m.get(family) {
+        if let Some(md) = m.get(family.name) {
             return Ok(md.clone());
         }
-        let src = nvrtc::FAMILIES
-            .iter()
-            .find(|(n, _)| *n == family)
-            .map(|(_, s)| *s)
-            .ok_or_else(|| self.err("kernel lookup", format!("no family {family}")))?;
+        let (src, family) = (family.source, family.name);
         let load = |cubin: Vec<u8>| {
             self.stream
                 .context()

@@ -14,8 +14,8 @@
 //!
 //! The lists are what fusegrad's calls resolve: read from cudarc's safe
 //! layer for the calls fusegrad makes (`src/device/cuda.rs`, `ops/*/cuda.rs`,
-//! `src/bench/cuda.rs`, `src/device/nvrtc.rs`), and checked against the
-//! symbols a full `tests/cuda.rs` run looks up in the emulated driver. A
+//! `cli/src/bench/cuda.rs`, `src/device/nvrtc.rs`), and checked against the
+//! symbols a full `tests/cuda/backend.rs` run looks up in the emulated driver. A
 //! call added to fusegrad that reaches a new entry point belongs here.
 
 use std::sync::OnceLock;
@@ -52,6 +52,7 @@ pub(crate) const DRIVER: &[&str] = &[
 /// Driver entry points of event timing (`fusegrad bench --device cuda`).
 /// Kept apart from [`DRIVER`]: `cuEventElapsedTime_v2` is new in the 12.8
 /// driver, and an older driver still trains and runs every op.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))] // read by `probes`
 pub(crate) const DRIVER_EVENTS: &[&str] = &[
     "cuEventCreate",
     "cuEventRecord",
@@ -101,6 +102,7 @@ pub(crate) fn driver() -> Result<(), String> {
 }
 
 /// The driver library exports [`DRIVER_EVENTS`] (checked once).
+#[cfg_attr(not(feature = "probes"), allow(dead_code))] // read by `probes`
 pub(crate) fn driver_events() -> Result<(), String> {
     static R: OnceLock<Result<(), String>> = OnceLock::new();
     R.get_or_init(|| {

@@ -15,20 +15,7 @@ pub(crate) mod pool;
 #[cfg(feature = "cuda")]
 pub use kernel_cache::{kernel_stats, KernelStats};
 #[cfg(feature = "cuda")]
-pub use nvrtc::{kernel_table, nvrtc_info, KernelInfo, NvrtcInfo, CHECKED_ARCHS};
-
-/// What an element type needs to live on every device this build has.
-#[cfg(feature = "cuda")]
-#[doc(hidden)]
-pub trait DeviceElement: cuda::GpuElement {}
-#[cfg(feature = "cuda")]
-impl<T: cuda::GpuElement> DeviceElement for T {}
-/// What an element type needs to live on every device this build has.
-#[cfg(not(feature = "cuda"))]
-#[doc(hidden)]
-pub trait DeviceElement {}
-#[cfg(not(feature = "cuda"))]
-impl<T> DeviceElement for T {}
+pub use nvrtc::{nvrtc_info, Family, KernelInfo, NvrtcInfo, CHECKED_ARCHS};
 
 use crate::error::Result;
 

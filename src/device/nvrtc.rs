@@ -15,36 +15,16 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// Every kernel family: its name and CUDA C source (the two fused norms
-/// share `norm_core.cuh`, placed before each). The host prepends
-/// [`COMMON`] to each before compiling.
-pub(crate) const FAMILIES: &[(&str, &str)] = &[
-    (
-        "layer_norm",
-        concat!(
-            include_str!("../../kernels/norm_core.cuh"),
-            include_str!("../../kernels/layer_norm.cu")
-        ),
-    ),
-    (
-        "rms_norm",
-        concat!(
-            include_str!("../../kernels/norm_core.cuh"),
-            include_str!("../../kernels/rms_norm.cu")
-        ),
-    ),
-    ("elementwise", include_str!("../../kernels/elementwise.cu")),
-    ("reduce", include_str!("../../kernels/reduce.cu")),
-    ("softmax", include_str!("../../kernels/softmax.cu")),
-    ("attention", include_str!("../../kernels/attention.cu")),
-    ("loss", include_str!("../../kernels/loss.cu")),
-    ("shape", include_str!("../../kernels/shape.cu")),
-    ("embedding", include_str!("../../kernels/embedding.cu")),
-    ("masked_fill", include_str!("../../kernels/masked_fill.cu")),
-    ("dropout", include_str!("../../kernels/dropout.cu")),
-    ("optim", include_str!("../../kernels/optim.cu")),
-    ("bench", include_str!("../../kernels/bench.cu")),
-];
+/// A kernel family: its name and CUDA C source. Each op family declares
+/// its own (`KERNELS` in its `cuda.rs`) beside its launchers; the host
+/// prepends [`COMMON`] to the source before compiling.
+#[derive(Debug)]
+pub struct Family {
+    /// The family's name (its module in the kernel cache).
+    pub name: &'static str,
+    /// Its CUDA C source.
+    pub source: &'static str,
+}
 
 /// Types and helpers every kernel file uses.
 pub(crate) const COMMON: &str = include_str!("../../kernels/common.cuh");
@@ -325,17 +305,21 @@ fn parse_log(family: &str, arch: u32, log: &str) -> Vec<KernelInfo> {
     rows
 }
 
-/// Compiles every kernel family for each of `archs` (or reads it from the
+/// Compiles each of `families` for each of `archs` (or reads it from the
 /// kernel cache: `cache`, else the process's) and reports every entry
 /// point's registers, shared memory and spills. Families compile on as
 /// many threads as the machine has cores (NVRTC is single-threaded). Any
 /// compile error is returned with its log.
-pub fn kernel_table(archs: &[u32], cache: Option<&Path>) -> Result<Vec<KernelInfo>> {
+pub(crate) fn table_of(
+    families: &[&Family],
+    archs: &[u32],
+    cache: Option<&Path>,
+) -> Result<Vec<KernelInfo>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     available()?;
-    let jobs: Vec<(&str, &str, u32)> = FAMILIES
+    let jobs: Vec<(&str, &str, u32)> = families
         .iter()
-        .flat_map(|&(n, s)| archs.iter().map(move |&a| (n, s, a)))
+        .flat_map(|f| archs.iter().map(move |&a| (f.name, f.source, a)))
         .collect();
     let next = AtomicUsize::new(0);
     let threads = std::thread::available_parallelism()

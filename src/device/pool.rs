@@ -18,7 +18,8 @@
 // link to its crate-private ones.
 #![allow(rustdoc::private_intra_doc_links)]
 
-use crate::dtype::Element;
+use crate::dtype::{DType, Element};
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -136,6 +137,47 @@ struct Free<T> {
     takes: u64,
 }
 
+/// The pool of `T`'s buffers (one per element type, found by its
+/// [`DType`]); none for the probes' counting type.
+fn pool_of<T: Element>() -> Option<&'static Pool<T>> {
+    static F32: Pool<f32> = Pool::new();
+    static F64: Pool<f64> = Pool::new();
+    static F16: Pool<half::f16> = Pool::new();
+    static BF16: Pool<half::bf16> = Pool::new();
+    let any: &'static dyn Any = match T::DTYPE {
+        DType::F32 => &F32,
+        DType::F64 => &F64,
+        DType::F16 => &F16,
+        DType::BF16 => &BF16,
+        DType::Probe => return None,
+    };
+    any.downcast_ref::<Pool<T>>()
+}
+
+/// A vector of length `n` from `T`'s pool (contents unspecified: callers
+/// overwrite every element).
+pub(crate) fn take<T: Element>(n: usize) -> Vec<T> {
+    match pool_of::<T>() {
+        Some(p) => p.take(n),
+        None => fresh(n),
+    }
+}
+
+/// Frees every buffer cached for `T`.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))] // read by `probes`
+pub fn clear<T: Element>() {
+    if let Some(p) = pool_of::<T>() {
+        p.clear()
+    }
+}
+
+/// Hands `v` back to `T`'s pool.
+pub(crate) fn give<T: Element>(v: Vec<T>) {
+    if let Some(p) = pool_of::<T>() {
+        p.give(v)
+    }
+}
+
 /// Free buffers of one element type.
 pub struct Pool<T> {
     free: Mutex<Free<T>>,
@@ -243,6 +285,7 @@ impl<T: Element> Pool<T> {
     }
 
     /// Bytes currently cached.
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests read it
     pub fn cached_bytes(&self) -> usize {
         self.free.lock().map(|g| g.bytes).unwrap_or(0)
     }
@@ -284,7 +327,7 @@ impl<T: Element> Buffer<T> {
     /// allows, recycled from the pool when one of that size is free
     /// (contents unspecified: callers overwrite every element).
     pub(crate) fn take(n: usize) -> Self {
-        Self::within(T::pool().take(n + Self::PAD), n)
+        Self::within(take::<T>(n + Self::PAD), n)
     }
 
     /// `n` elements of `v` (which holds at least `n + PAD`), from its
@@ -352,7 +395,7 @@ impl<T: Element> Default for Buffer<T> {
 
 impl<T: Element> Drop for Buffer<T> {
     fn drop(&mut self) {
-        T::pool().give(std::mem::take(&mut self.v));
+        give(std::mem::take(&mut self.v));
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::ops::elementwise::{unary, Unary};
-use crate::ops::reduce::sum_kernel;
+use crate::ops::reduce::kernel::sum_kernel;
 use crate::tensor::Tensor;
 
 /// Scales every gradient by `max_norm / norm` when the global L2 norm of
@@ -14,6 +14,13 @@ use crate::tensor::Tensor;
 /// A NaN or infinite norm leaves the gradients as they are and is
 /// returned, so the caller can skip the step.
 pub fn clip_grad_norm<T: Element>(grads: &mut [Tensor<T>], max_norm: f64) -> Result<f64> {
+    let span = crate::profile::start();
+    let r = clip(grads, max_norm);
+    crate::profile::stop(span, "clip_grad_norm", crate::profile::Phase::Step, 0);
+    r
+}
+
+fn clip<T: Element>(grads: &mut [Tensor<T>], max_norm: f64) -> Result<f64> {
     if !(max_norm.is_finite() && max_norm > 0.0) {
         return Err(Error::InvalidArgument {
             op: "clip_grad_norm",

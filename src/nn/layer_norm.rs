@@ -1,7 +1,7 @@
 //! `LayerNorm` over the last axis, fused by default, with the composed twin
 //! one switch away.
 
-use super::{check_last_dim, Module, ParamCursor};
+use super::{check_last_dim, Module, ParamCursor, Parameters};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops;
@@ -114,7 +114,7 @@ impl<T: Element> LayerNorm<T> {
     }
 }
 
-impl<T: Element> Module<T> for LayerNorm<T> {
+impl<T: Element> Parameters<T> for LayerNorm<T> {
     /// `weight` (gamma) and `bias` (beta), as PyTorch's.
     fn param_names(&self) -> Vec<super::ParamName> {
         let g = self.gamma.as_ref().map(|_| super::ParamName::new("weight"));
@@ -133,7 +133,9 @@ impl<T: Element> Module<T> for LayerNorm<T> {
             .chain(self.beta.as_mut())
             .collect()
     }
+}
 
+impl<T: Element> Module<T> for LayerNorm<T> {
     /// Errors (`ShapeMismatch`) unless `x`'s last dim is `d`.
     fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
         check_last_dim("LayerNorm", x.shape(), self.d)?;

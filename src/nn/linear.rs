@@ -1,6 +1,6 @@
 //! `Linear`: `y = x @ W + b`.
 
-use super::{check_last_dim, Init, Module, ParamCursor};
+use super::{check_last_dim, Init, Module, ParamCursor, Parameters};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops;
@@ -112,7 +112,7 @@ impl<T: Element> Linear<T> {
     }
 }
 
-impl<T: Element> Module<T> for Linear<T> {
+impl<T: Element> Parameters<T> for Linear<T> {
     /// `weight` (stored `[out, in]`, as PyTorch's) and `bias`.
     fn param_names(&self) -> Vec<super::ParamName> {
         let mut n = vec![super::ParamName::transposed("weight")];
@@ -131,7 +131,9 @@ impl<T: Element> Module<T> for Linear<T> {
             .chain(self.bias.as_mut())
             .collect()
     }
+}
 
+impl<T: Element> Module<T> for Linear<T> {
     /// Errors (`ShapeMismatch`) unless `x`'s last dim is `in`.
     fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
         let (inp, out) = (self.in_features(), self.out_features());

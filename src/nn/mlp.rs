@@ -1,6 +1,6 @@
 //! `Mlp`: `Linear -> norm -> activation` blocks and a final `Linear`.
 
-use super::{Init, LayerNorm, Linear, Module, NormImpl, ParamCursor, RmsNorm};
+use super::{Init, LayerNorm, Linear, Module, NormImpl, ParamCursor, Parameters, RmsNorm};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops;
@@ -41,13 +41,17 @@ impl Activation {
     }
 }
 
-impl<T: Element> Module<T> for Activation {
+impl<T: Element> Parameters<T> for Activation {
     fn params(&self) -> Vec<&Tensor<T>> {
         Vec::new()
     }
+
     fn params_mut(&mut self) -> Vec<&mut Tensor<T>> {
         Vec::new()
     }
+}
+
+impl<T: Element> Module<T> for Activation {
     fn forward_params(&self, _: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
         self.apply(x)
     }
@@ -184,7 +188,7 @@ fn sizes_error(sizes: &[usize]) -> Error {
     }
 }
 
-impl<T: Element> Module<T> for Mlp<T> {
+impl<T: Element> Parameters<T> for Mlp<T> {
     /// `blocks.{i}.linear.*`, `blocks.{i}.norm.*`, `head.*`.
     fn param_names(&self) -> Vec<super::ParamName> {
         use super::prefixed;
@@ -232,7 +236,9 @@ impl<T: Element> Module<T> for Mlp<T> {
         p.extend(self.head.params_mut());
         p
     }
+}
 
+impl<T: Element> Module<T> for Mlp<T> {
     fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
         let mut h = x.clone();
         for b in &self.blocks {

@@ -2,9 +2,12 @@
 //!
 //! # The design: modules own tensors, a tape borrows them per step
 //!
-//! A module ([`Linear`], [`LayerNorm`], [`RmsNorm`], [`Mlp`]) owns its
-//! parameters as plain [`Tensor`]s and knows nothing of tapes. One training
-//! step is:
+//! Two traits. [`Parameters`] is what has parameters: a module ([`Linear`],
+//! [`LayerNorm`], [`RmsNorm`], [`Mlp`], [`Gpt`]) owns them as plain
+//! [`Tensor`]s, lists and names them, binds them to a tape, moves them
+//! between devices, and [`save`] / [`load`] them. [`Module`] is what maps
+//! a [`Var`] to a [`Var`] with them. A [`Gpt`] has parameters but takes
+//! token ids, so it is not a `Module`. One training step is:
 //!
 //! 1. `let p = model.bind(&tape);` records every parameter on the tape as a
 //!    leaf [`Var`] (cheap: tensors share storage) and returns them as a
@@ -12,34 +15,40 @@
 //! 2. `let y = model.forward(&p, &x)?;` runs the forward pass with those
 //!    Vars, recording ops on the same tape;
 //! 3. `let grads = loss.backward()?;` as for any Var;
-//! 4. `opt.step(&mut model, &p, &grads)?;` reads `grads.wrt(..)` for each
-//!    bound Var and replaces the module's tensors with the updated values.
+//! 4. `opt.step_clipped(&mut model, &p, &grads, 1.0)?;` reads `grads.wrt(..)`
+//!    for each bound Var, clips their global norm to 1.0 (as PyTorch's
+//!    `clip_grad_norm_`) and replaces the module's tensors with the updated
+//!    values; [`Optimizer::step`] is the same without the clip.
 //!
 //! This is the PyTorch loop (`forward`, `backward`, `step`) with the
 //! parameter-to-Var link made explicit instead of hidden in the parameter
 //! object, as in candle (`Var`s that are re-read each step). A new tape per
 //! step keeps the graph from growing; gradients never accumulate across
 //! steps, so there is no `zero_grad`. For evaluation, [`Module::predict`]
-//! runs the forward pass with constants on a throwaway tape.
+//! runs the forward pass on a [`Tape::no_grad`] tape, PyTorch's `no_grad`:
+//! values only, nothing saved for a backward pass.
 //!
 //! ```
-//! use fusegrad::nn::{Adam, AdamConfig, LayerNorm, Linear, Module, Optimizer};
+//! use fusegrad::nn::{AdamW, LayerNorm, Linear, Module, Optimizer, Parameters};
 //! use fusegrad::{ops, rng::Rng, Tape, Tensor};
 //!
 //! # fn main() -> fusegrad::Result<()> {
 //! let mut rng = Rng::new(7);
 //! let mut model = (Linear::<f32>::new(3, 4, &mut rng)?, LayerNorm::new(4)?);
-//! let mut opt = Adam::new(AdamConfig::default())?;
+//! let mut opt = AdamW::with_lr(1e-2)?;
 //! let x = Tensor::from_vec(vec![2, 3], vec![0.5, -1.0, 2.0, 1.5, 0.0, -0.5])?;
-//! let target = Tensor::zeros(&[2, 4])?;
+//! let target = Tensor::from_vec(vec![2, 4], vec![1.0, -1.0, 0.5, 0.0, 0.0, 0.5, -1.0, 1.0])?;
 //! for _ in 0..3 {
 //!     let tape = Tape::new();
 //!     let p = model.bind(&tape);
 //!     let y = model.forward(&p, &tape.constant(x.clone()))?;
 //!     let loss = ops::mse(&y, &tape.constant(target.clone()))?;
 //!     let grads = loss.backward()?;
-//!     opt.step(&mut model, &p, &grads)?;
+//!     let norm = opt.step_clipped(&mut model, &p, &grads, 1.0)?;
+//!     assert!(norm.is_finite());
 //! }
+//! let y = model.predict(&x)?; // no tape kept, nothing saved
+//! assert_eq!(y.shape(), &[2, 4]);
 //! # Ok(())
 //! # }
 //! ```
@@ -48,22 +57,22 @@
 //! in order, e.g. `(Linear, LayerNorm, Activation::Gelu, Linear)`, and
 //! [`Mlp`] stacks `Linear -> norm -> activation` blocks.
 //! A module implements [`Module::forward_params`], taking its parameters
-//! from a [`ParamCursor`] in the same order as [`Module::params`]; a
+//! from a [`ParamCursor`] in the same order as [`Parameters::params`]; a
 //! [`Bound`] of the wrong length or with a wrongly shaped entry is an error,
 //! never a panic.
 //!
 //! Layout: [`Linear`] stores its weight as `[in, out]` so that the forward
 //! pass is `x @ W + b` without a transpose (PyTorch stores `[out, in]`).
 
-pub mod char_lm;
 mod clip;
-pub mod demo;
 mod init;
 mod layer_norm;
 mod linear;
 mod mlp;
+mod observe;
 mod optim;
-pub mod progress;
+#[cfg(feature = "cuda")]
+pub(crate) use optim::KERNELS;
 mod rms_norm;
 mod schedule;
 mod transformer;
@@ -74,6 +83,7 @@ pub use init::Init;
 pub use layer_norm::{LayerNorm, NormImpl};
 pub use linear::Linear;
 pub use mlp::{Activation, Mlp, MlpConfig, Norm};
+pub use observe::{EvalPoint, Observer, Silent, Step};
 pub use optim::{Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 pub use rms_norm::RmsNorm;
 pub use schedule::WarmupCosine;
@@ -85,17 +95,15 @@ use crate::error::{Error, Result};
 use crate::tape::{Gradients, Tape, Var};
 use crate::tensor::Tensor;
 
-/// A layer or network: parameters as tensors plus a forward pass.
-pub trait Module<T: Element> {
-    /// The parameters, in a fixed order (the order of [`Module::bind`]).
+/// What has parameters: a layer, a network, a tuple of them. The list,
+/// the names, binding to a tape, moving between devices; [`save`], [`load`]
+/// and the optimizers take any `Parameters`.
+pub trait Parameters<T: Element> {
+    /// The parameters, in a fixed order (the order of [`Parameters::bind`]).
     fn params(&self) -> Vec<&Tensor<T>>;
 
-    /// The parameters, mutably, in the same order as [`Module::params`].
+    /// The parameters, mutably, in the same order as [`Parameters::params`].
     fn params_mut(&mut self) -> Vec<&mut Tensor<T>>;
-
-    /// The forward pass, taking this module's parameters from `p` in
-    /// [`Module::params`] order. Implement this; call [`Module::forward`].
-    fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>>;
 
     /// Records every parameter on `tape` as a Var that takes a gradient.
     fn bind(&self, tape: &Tape<T>) -> Bound<T> {
@@ -125,29 +133,9 @@ pub trait Module<T: Element> {
         }
     }
 
-    /// The forward pass with parameters from `bound` (made by
-    /// [`Module::bind`] on the tape `x` lives on). Errors if `bound` does
-    /// not hold exactly this module's parameters (count and shapes).
-    fn forward(&self, bound: &Bound<T>, x: &Var<T>) -> Result<Var<T>> {
-        let mut cursor = ParamCursor {
-            vars: &bound.vars,
-            next: 0,
-        };
-        let y = self.forward_params(&mut cursor, x)?;
-        cursor.finish()?;
-        Ok(y)
-    }
-
-    /// Inference: the forward pass on a throwaway tape, no gradients.
-    fn predict(&self, x: &Tensor<T>) -> Result<Tensor<T>> {
-        let tape = Tape::new();
-        let p = self.bind_frozen(&tape);
-        Ok(self.forward(&p, &tape.constant(x.clone()))?.value().clone())
-    }
-
-    /// The parameters' names, in [`Module::params`] order, PyTorch-style
-    /// (`blocks.0.ln1.weight`), as [`save`] and [`load`] write and read
-    /// them. Numbered (`0`, `1`, ...) unless the module names them.
+    /// The parameters' names, in [`Parameters::params`] order,
+    /// PyTorch-style (`blocks.0.ln1.weight`), as [`save`] and [`load`] write
+    /// and read them. Numbered (`0`, `1`, ...) unless the module names them.
     fn param_names(&self) -> Vec<ParamName> {
         (0..self.params().len())
             .map(|i| ParamName::new(i.to_string()))
@@ -173,6 +161,37 @@ pub trait Module<T: Element> {
     /// Total number of scalar parameters.
     fn num_params(&self) -> usize {
         self.params().iter().map(|t| t.numel()).sum()
+    }
+}
+
+/// What maps a [`Var`] to a [`Var`] with its parameters: a layer, or a
+/// stack of them. (A [`Gpt`] takes token ids instead, so it has
+/// [`Parameters`] and its own `forward_ids` and `loss`.)
+pub trait Module<T: Element>: Parameters<T> {
+    /// The forward pass, taking this module's parameters from `p` in
+    /// [`Parameters::params`] order. Implement this; call
+    /// [`Module::forward`].
+    fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>>;
+
+    /// The forward pass with parameters from `bound` (made by
+    /// [`Parameters::bind`] on the tape `x` lives on). Errors if `bound`
+    /// does not hold exactly this module's parameters (count and shapes).
+    fn forward(&self, bound: &Bound<T>, x: &Var<T>) -> Result<Var<T>> {
+        let mut cursor = ParamCursor {
+            vars: &bound.vars,
+            next: 0,
+        };
+        let y = self.forward_params(&mut cursor, x)?;
+        cursor.finish()?;
+        Ok(y)
+    }
+
+    /// Inference: the forward pass on a [`Tape::no_grad`] tape, so nothing
+    /// is saved for a backward pass.
+    fn predict(&self, x: &Tensor<T>) -> Result<Tensor<T>> {
+        let tape = Tape::no_grad();
+        let p = self.bind(&tape);
+        Ok(self.forward(&p, &tape.var(x.clone()))?.value().clone())
     }
 }
 
@@ -216,7 +235,7 @@ pub(crate) fn prefixed(
     })
 }
 
-/// A module's parameters recorded on a tape, in [`Module::params`] order.
+/// A module's parameters recorded on a tape, in [`Parameters::params`] order.
 #[derive(Clone, Debug)]
 pub struct Bound<T: Element> {
     vars: Vec<Var<T>>,
@@ -309,7 +328,7 @@ impl<'a, T: Element> ParamCursor<'a, T> {
 /// module's, then the second's, and so on (tuples of 2 to 6).
 macro_rules! tuple_module {
     ($($m:ident $i:tt),+) => {
-        impl<T: Element, $($m: Module<T>),+> Module<T> for ($($m,)+) {
+        impl<T: Element, $($m: Parameters<T>),+> Parameters<T> for ($($m,)+) {
             fn params(&self) -> Vec<&Tensor<T>> {
                 let mut p = Vec::new();
                 $(p.extend(self.$i.params());)+
@@ -325,7 +344,9 @@ macro_rules! tuple_module {
                 $(n.extend(prefixed(stringify!($i), self.$i.param_names()));)+
                 n
             }
+        }
 
+        impl<T: Element, $($m: Module<T>),+> Module<T> for ($($m,)+) {
             fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
                 let h = x.clone();
                 $(let h = self.$i.forward_params(p, &h)?;)+

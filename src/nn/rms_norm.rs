@@ -1,7 +1,7 @@
 //! `RmsNorm` over the last axis, fused by default.
 
 use super::layer_norm::check_norm_args;
-use super::{check_last_dim, Module, NormImpl, ParamCursor};
+use super::{check_last_dim, Module, NormImpl, ParamCursor, Parameters};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::ops;
@@ -65,7 +65,7 @@ impl<T: Element> RmsNorm<T> {
     }
 }
 
-impl<T: Element> Module<T> for RmsNorm<T> {
+impl<T: Element> Parameters<T> for RmsNorm<T> {
     /// `weight` (gamma), as PyTorch's.
     fn param_names(&self) -> Vec<super::ParamName> {
         self.gamma
@@ -81,7 +81,9 @@ impl<T: Element> Module<T> for RmsNorm<T> {
     fn params_mut(&mut self) -> Vec<&mut Tensor<T>> {
         self.gamma.as_mut().into_iter().collect()
     }
+}
 
+impl<T: Element> Module<T> for RmsNorm<T> {
     /// Errors (`ShapeMismatch`) unless `x`'s last dim is `d`.
     fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
         check_last_dim("RmsNorm", x.shape(), self.d)?;

@@ -15,7 +15,9 @@
 //! composed twin, with the same [`NormImpl`] switch, so a whole model can
 //! train through either and the two runs compared.
 
-use super::{prefixed, Init, LayerNorm, Linear, Module, NormImpl, ParamCursor, ParamName};
+use super::{
+    prefixed, Init, LayerNorm, Linear, Module, NormImpl, ParamCursor, ParamName, Parameters,
+};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::ops;
@@ -127,7 +129,7 @@ impl<T: Element> MultiHeadAttention<T> {
     }
 }
 
-impl<T: Element> Module<T> for MultiHeadAttention<T> {
+impl<T: Element> Parameters<T> for MultiHeadAttention<T> {
     /// `qkv.*` (queries, keys and values in one), `proj.*`.
     fn param_names(&self) -> Vec<ParamName> {
         let mut n: Vec<_> = prefixed("qkv", self.qkv.param_names()).collect();
@@ -146,7 +148,9 @@ impl<T: Element> Module<T> for MultiHeadAttention<T> {
         p.extend(self.proj.params_mut());
         p
     }
+}
 
+impl<T: Element> Module<T> for MultiHeadAttention<T> {
     fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
         let &[b, t, w] = x.shape() else {
             return Err(Error::InvalidArgument {
@@ -207,7 +211,7 @@ impl<T: Element> TransformerBlock<T> {
     }
 }
 
-impl<T: Element> Module<T> for TransformerBlock<T> {
+impl<T: Element> Parameters<T> for TransformerBlock<T> {
     /// `ln1.*`, `attn.*`, `ln2.*`, `fc1.*`, `fc2.*`.
     fn param_names(&self) -> Vec<ParamName> {
         let mut n: Vec<_> = prefixed("ln1", self.ln1.param_names()).collect();
@@ -235,7 +239,9 @@ impl<T: Element> Module<T> for TransformerBlock<T> {
         p.extend(self.fc2.params_mut());
         p
     }
+}
 
+impl<T: Element> Module<T> for TransformerBlock<T> {
     fn forward_params(&self, p: &mut ParamCursor<'_, T>, x: &Var<T>) -> Result<Var<T>> {
         let a = self.ln1.forward_params(p, x)?;
         let x = ops::add(x, &self.attn.forward_params(p, &a)?)?;
@@ -367,7 +373,7 @@ impl<T: Element> Gpt<T> {
     }
 }
 
-impl<T: Element> Module<T> for Gpt<T> {
+impl<T: Element> Parameters<T> for Gpt<T> {
     /// `wte.weight`, `wpe.weight`, `blocks.{i}.*`, `ln_f.*`, `head.*`.
     fn param_names(&self) -> Vec<ParamName> {
         let mut n = vec![ParamName::new("wte.weight"), ParamName::new("wpe.weight")];
@@ -399,12 +405,5 @@ impl<T: Element> Module<T> for Gpt<T> {
         p.extend(self.ln_f.params_mut());
         p.extend(self.head.params_mut());
         p
-    }
-
-    fn forward_params(&self, _: &mut ParamCursor<'_, T>, _: &Var<T>) -> Result<Var<T>> {
-        Err(Error::InvalidArgument {
-            op: "Gpt",
-            msg: "a Gpt takes token ids: call Gpt::forward_ids or Gpt::loss".into(),
-        })
     }
 }

@@ -1,10 +1,10 @@
 //! A module's parameters in a safetensors file, under the names of
-//! [`Module::param_names`], in the module's own element type (f32, f64,
+//! [`Parameters::param_names`], in the module's own element type (f32, f64,
 //! f16 or bf16), little-endian and row-major as the format and PyTorch
 //! write them. A `Linear` weight is stored `[out, in]`, as PyTorch keeps
 //! it, so files move between the two.
 
-use super::{Module, ParamName};
+use super::{ParamName, Parameters};
 use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -73,7 +73,10 @@ fn layout<T: Element>(t: &[T], shape: &[usize], swap: bool) -> (Vec<T>, Vec<usiz
 }
 
 /// Writes `model`'s parameters to `path` as safetensors.
-pub fn save<T: Element, M: Module<T> + ?Sized>(model: &M, path: impl AsRef<Path>) -> Result<()> {
+pub fn save<T: Element, M: Parameters<T> + ?Sized>(
+    model: &M,
+    path: impl AsRef<Path>,
+) -> Result<()> {
     let path = path.as_ref();
     let (params, names) = (model.params(), model.param_names());
     check_names(path, &names, params.len())?;
@@ -102,7 +105,7 @@ pub fn save<T: Element, M: Module<T> + ?Sized>(model: &M, path: impl AsRef<Path>
 /// parameter must be there with its shape and `T`'s dtype, and the file
 /// may hold nothing else; the first mismatch is an error that names it,
 /// and then the model is left unchanged.
-pub fn load<T: Element, M: Module<T> + ?Sized>(
+pub fn load<T: Element, M: Parameters<T> + ?Sized>(
     model: &mut M,
     path: impl AsRef<Path>,
 ) -> Result<()> {

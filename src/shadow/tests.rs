@@ -1,5 +1,5 @@
 use super::*;
-use crate::nn::{AdamW, Gpt, GptConfig, Module, Optimizer};
+use crate::nn::{AdamW, Gpt, GptConfig, Optimizer, Parameters};
 use crate::rng::Rng;
 use crate::{Device, Element, Tape};
 

@@ -4,7 +4,7 @@
 use super::{replay, Check, Fault, RowStats, Shadow};
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::layout::sum_to_shape;
+use crate::ops::reduce::kernel::sum_to_shape;
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 use std::collections::HashMap;

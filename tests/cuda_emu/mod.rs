@@ -10,6 +10,7 @@
 //! or `FUSEGRAD_REQUIRE_GPU=1` is set, a device that cannot be used fails
 //! the test: a green run on a GPU machine must mean the GPU ran it.
 
+#![cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
 use fusegrad::Device;
 use std::sync::OnceLock;
 
@@ -77,7 +78,7 @@ fn real_driver() -> bool {
 
 #[cfg(feature = "cuda")]
 fn load() -> Result<(), String> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::common::workspace_root();
     let out = std::process::Command::new("python3")
         .arg(root.join("scripts/build-cuda-emu.py"))
         .output()
@@ -113,7 +114,7 @@ pub fn emu_alloc_counts() -> Option<(u64, u64)> {
     if !matches!(use_emulation_if_no_driver(), Ok(true)) {
         return None;
     }
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cuda-emu/libcuda.so");
+    let path = crate::common::workspace_root().join("target/cuda-emu/libcuda.so");
     // SAFETY: the emulation loaded above (same path, so the same copy);
     // fg_emu_stats writes two counters through the pointers it is given.
     unsafe {

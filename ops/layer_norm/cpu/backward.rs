@@ -644,7 +644,9 @@ pub(crate) fn backward<T: Element>(
     // always summed (a few adds per element into a row that stays in
     // cache, dropped when not wanted), so only two builds exist per `NT`.
     let run = match want_dx {
-        true if T::SIMD && should_stream::<T>(n * d) => bwd_launch::<T, true, true, true>,
+        true if <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d) => {
+            bwd_launch::<T, true, true, true>
+        }
         true => bwd_launch::<T, true, true, false>,
         false => bwd_launch::<T, false, true, false>,
     };

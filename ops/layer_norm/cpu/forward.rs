@@ -341,9 +341,9 @@ pub(crate) fn forward<T: Element>(
     let mut y = Tensor::<T>::scratch(n * d);
     let mut mean = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
     let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
-    // Streaming builds exist for f32 only; `T::SIMD` first keeps them
+    // Streaming builds exist for f32 only; `CpuBuilds::SIMD` first keeps them
     // from being compiled for other types.
-    let run = if T::SIMD && should_stream::<T>(n * d) {
+    let run = if <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d) {
         fwd_launch::<T, true>
     } else {
         fwd_launch::<T, false>

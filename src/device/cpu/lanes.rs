@@ -10,21 +10,18 @@ pub(crate) fn is_f32<T: 'static>() -> bool {
 }
 
 /// Whether the CPU kernels have SIMD and streaming-store builds for an
-/// element type (f32 only); a supertrait of [`Element`], sealed (public in a
-/// private module). An associated const rather than [`is_f32`]: code under
-/// `if T::SIMD` is not compiled at all for the other types, which keeps
-/// their kernel instances to one plain build each.
+/// element type (f32 only), for every [`Element`]. An associated const
+/// rather than [`is_f32`]: code under `if <T as CpuBuilds>::SIMD` is not
+/// compiled at all for the other types, which keeps their kernel instances
+/// to one plain build each.
 pub trait CpuBuilds {
     /// Whether the SIMD and streaming-store builds exist.
-    const SIMD: bool = false;
+    const SIMD: bool;
 }
 
-impl CpuBuilds for f32 {
-    const SIMD: bool = true;
+impl<T: Element> CpuBuilds for T {
+    const SIMD: bool = matches!(T::DTYPE, crate::dtype::DType::F32);
 }
-impl CpuBuilds for f64 {}
-impl CpuBuilds for half::f16 {}
-impl CpuBuilds for half::bf16 {}
 
 /// Instruction sets the f32 kernels are built for, in rising order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -238,7 +238,7 @@ pub(crate) fn run_tasks(count: usize, f: &(dyn Fn(usize) + Sync)) {
 
 /// `f` of each item, in parallel through [`run_tasks`] (one task per
 /// item), in item order.
-pub(crate) fn run_each<I: Send, O: Send>(items: Vec<I>, f: impl Fn(I) -> O + Sync) -> Vec<O> {
+pub fn run_each<I: Send, O: Send>(items: Vec<I>, f: impl Fn(I) -> O + Sync) -> Vec<O> {
     if items.len() <= 1 {
         return items.into_iter().map(f).collect();
     }

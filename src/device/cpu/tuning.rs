@@ -127,7 +127,9 @@ pub fn set_stream_threshold(bytes: usize) {
 /// Whether an output of `elems` elements of `T` should be streamed.
 #[inline]
 pub(crate) fn should_stream<T: Element>(elems: usize) -> bool {
-    cfg!(target_arch = "x86_64") && T::SIMD && elems.saturating_mul(4) >= stream_threshold()
+    cfg!(target_arch = "x86_64")
+        && <T as crate::device::cpu::CpuBuilds>::SIMD
+        && elems.saturating_mul(4) >= stream_threshold()
 }
 
 static OVERLAP: Switch = Switch::new();

@@ -52,6 +52,7 @@ pub(crate) fn write_row<T: Element, V: Lanes<T>, const NT: bool>(
 /// benchmark's copy baseline uses it so that blocks under that threshold
 /// are also timed at the streaming rate, the faster one for data that does
 /// not fit in the caches.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))] // read by `probes`
 pub fn stream_copy(dst: &mut [f32], src: &[f32]) {
     struct Copy<'a> {
         dst: &'a mut [f32],

@@ -3,9 +3,16 @@
 
 use super::Rule;
 use crate::device::cuda::{blocks_for, cfg, launch, NULL};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{CudaBuf, Storage, Tensor};
+
+/// This family's CUDA C (`kernels/optim.cu`).
+pub(crate) static KERNELS: Family = Family {
+    name: "optim",
+    source: include_str!("../../../kernels/optim.cu"),
+};
 
 /// A parameter and its optimizer state.
 type Updated<T> = (Tensor<T>, Vec<Tensor<<T as Element>::Acc>>);
@@ -41,12 +48,12 @@ pub(crate) fn update<T: Element>(
     if n > 0 {
         match rule {
             Rule::Sgd { lr, wd } => {
-                launch!(gpu, "sgd", gpu.function::<T>("optim", "sgd")?, blocks;
+                launch!(gpu, "sgd", gpu.function::<T>(&KERNELS, "sgd")?, blocks;
                     &p.data, &g.data, &mut np, &(n as i64), &lr, &wd)?;
             }
             Rule::Momentum { lr, mu, wd } => {
                 let mut v = gpu.uninit::<T::Acc>(n)?;
-                let f = gpu.function::<T>("optim", "momentum")?;
+                let f = gpu.function::<T>(&KERNELS, "momentum")?;
                 match prev_bufs.first() {
                     Some(v0) => launch!(gpu, "momentum", f, blocks;
                         &p.data, &g.data, *v0, &mut np, &mut v, &(n as i64), &lr, &mu, &wd, &first)?,
@@ -66,7 +73,7 @@ pub(crate) fn update<T: Element>(
                 wd,
             } => {
                 let name = if decoupled { "adamw" } else { "adam" };
-                let f = gpu.function::<T>("optim", name)?;
+                let f = gpu.function::<T>(&KERNELS, name)?;
                 let (mut m, mut v) = (gpu.uninit::<T::Acc>(n)?, gpu.uninit::<T::Acc>(n)?);
                 match (prev_bufs.first(), prev_bufs.get(1)) {
                     (Some(m0), Some(v0)) => launch!(gpu, name, f, blocks;

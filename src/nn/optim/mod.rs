@@ -8,8 +8,10 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
 
-use super::{Bound, Module};
+use super::{clip_grad_norm, Bound, Parameters};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tape::Gradients;
@@ -30,12 +32,43 @@ pub trait Optimizer<T: Element> {
     /// tape that `grads` came from.
     fn step(
         &mut self,
-        model: &mut dyn Module<T>,
+        model: &mut dyn Parameters<T>,
         bound: &Bound<T>,
         grads: &Gradients<T>,
     ) -> Result<()> {
         let g = bound.grads(grads)?;
         self.update(&mut model.params_mut(), &g)
+    }
+
+    /// [`Optimizer::step`] after scaling the gradients so that their
+    /// global L2 norm is at most `max_norm` ([`clip_grad_norm`]). Returns
+    /// the norm before clipping. A NaN or infinite norm skips the update
+    /// and leaves `model` as it was (the caller sees the norm and can stop).
+    fn step_clipped(
+        &mut self,
+        model: &mut dyn Parameters<T>,
+        bound: &Bound<T>,
+        grads: &Gradients<T>,
+        max_norm: f64,
+    ) -> Result<f64> {
+        let g = bound.grads(grads)?;
+        self.update_clipped(&mut model.params_mut(), g, max_norm)
+    }
+
+    /// [`Optimizer::update`] after clipping `grads` to the global norm
+    /// `max_norm`, as [`Optimizer::step_clipped`] does: for a loop that
+    /// drops the tape's gradients before updating, to keep its peak low.
+    fn update_clipped(
+        &mut self,
+        params: &mut [&mut Tensor<T>],
+        mut grads: Vec<Tensor<T>>,
+        max_norm: f64,
+    ) -> Result<f64> {
+        let norm = clip_grad_norm(&mut grads, max_norm)?;
+        if norm.is_finite() {
+            self.update(params, &grads)?;
+        }
+        Ok(norm)
     }
 }
 

@@ -1,0 +1,232 @@
+//! `fusegrad train spirals`: the spiral MLP of [`crate::demo`] with a
+//! progress bar, its final figures and a loss plot.
+
+use super::shadow::Watching;
+use super::{common_args, device_of, get};
+use crate::demo::{train_spirals_observed, Agreement, SpiralConfig, TrainReport};
+use crate::plot::{LinePlot, Series, Style};
+use crate::progress::Bar;
+use clap::{value_parser, Arg, ArgMatches, Command};
+use fusegrad::error::Result;
+use fusegrad::nn::NormImpl;
+use fusegrad::shadow::{Shadow, SiteReport};
+use fusegrad::Device;
+use std::path::PathBuf;
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Data, network and optimizer settings (`norm_impl` is ignored: the
+    /// run is fused, and `composed` adds the composed twin).
+    pub config: SpiralConfig,
+    /// Also train the composed-LayerNorm twin and compare the curves.
+    pub composed: bool,
+    /// Where to train (checked by [`Options::from_matches`]).
+    pub device: Device,
+    /// Folder for `spirals_loss.png` and `.svg`; `None` writes no plot.
+    pub plots: Option<PathBuf>,
+    /// Draw a progress bar (it hides itself off a terminal).
+    pub progress: bool,
+    /// Check the fused LayerNorms against their twins every this many
+    /// steps (`--shadow`).
+    pub shadow: Option<usize>,
+}
+
+impl Default for Options {
+    /// [`SpiralConfig::default`], fused only, plots to `target/plots`, no bar.
+    fn default() -> Self {
+        Options {
+            config: SpiralConfig::default(),
+            composed: false,
+            device: Device::Cpu,
+            plots: Some(PathBuf::from(super::PLOTS_DIR)),
+            progress: false,
+            shadow: None,
+        }
+    }
+}
+
+/// The subcommand `name` with its options and help.
+/// Defaults are [`SpiralConfig::default`]'s, written out for `--help` (a
+/// test checks they agree).
+pub fn command(name: &'static str) -> Command {
+    Command::new(name)
+        .about("Train a small MLP with LayerNorm to tell three interleaved spirals apart")
+        .long_about(
+            "Train a small MLP with LayerNorm to tell three interleaved spirals apart \
+             (2 -> 32 -> LN -> GELU -> 32 -> LN -> GELU -> 3, full-batch Adam, f32). Shows a \
+             progress bar, prints the loss and accuracies, and writes the loss curve to \
+             DIR/spirals_loss.png and .svg.",
+        )
+        .arg(
+            Arg::new("steps")
+                .long("steps")
+                .value_name("N")
+                .value_parser(value_parser!(usize))
+                .default_value("300")
+                .help("Adam steps"),
+        )
+        .arg(
+            Arg::new("seed")
+                .long("seed")
+                .value_name("S")
+                .value_parser(value_parser!(u64))
+                .default_value("42")
+                .help("Seed of the data and the weights"),
+        )
+        .arg(
+            Arg::new("hidden")
+                .long("hidden")
+                .value_name("WIDTH")
+                .value_parser(value_parser!(usize))
+                .default_value("32")
+                .help("Width of the two hidden layers"),
+        )
+        .args(common_args(
+            "Also train with the composed LayerNorm from the same seed and compare the loss curves",
+        ))
+        .arg(super::shadow::arg())
+}
+
+impl Options {
+    /// The options given on the command line of [`command`]; `--device cuda`
+    /// is an error when no CUDA backend can run.
+    pub fn from_matches(m: &ArgMatches) -> Result<Options> {
+        let d = Options::default();
+        Ok(Options {
+            config: SpiralConfig {
+                steps: get(m, "steps", d.config.steps),
+                seed: get(m, "seed", d.config.seed),
+                hidden: get(m, "hidden", d.config.hidden),
+                ..d.config
+            },
+            composed: m.get_flag("composed"),
+            device: device_of(m)?,
+            plots: m.get_one::<PathBuf>("plots").cloned(),
+            progress: true,
+            shadow: super::shadow::every_of(m),
+        })
+    }
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// The fused run.
+    pub fused: TrainReport,
+    /// The composed twin and its agreement with the fused run, if asked.
+    pub agreement: Option<Agreement>,
+    /// The plot files written.
+    pub plots: Vec<PathBuf>,
+    /// The shadow check's sites, with `--shadow`.
+    pub shadow: Vec<SiteReport>,
+}
+
+fn train(o: &Options, imp: NormImpl, shadow: Option<&Shadow>) -> Result<TrainReport> {
+    let config = SpiralConfig {
+        norm_impl: imp,
+        ..o.config
+    };
+    let mut bar = if o.progress {
+        Bar::new(config.steps, "samples")
+    } else {
+        Bar::quiet("samples")
+    };
+    let r = match shadow {
+        Some(shadow) => {
+            let mut w = Watching {
+                inner: &mut bar,
+                shadow,
+            };
+            train_spirals_observed::<f32>(&config, &mut w)
+        }
+        None => train_spirals_observed::<f32>(&config, &mut bar),
+    };
+    bar.finish();
+    r
+}
+
+/// The run's figures on one line; `n` is the number of training points.
+fn line(name: &str, r: &TrainReport, n: usize) -> String {
+    let pct = |v: Option<f64>| 100.0 * v.unwrap_or(f64::NAN);
+    let rate = (r.losses.len() * n) as f64 / r.seconds.max(1e-9);
+    format!(
+        "{name:<9} {} params, loss {:.4} -> {:.4}, train acc {:.1}%, held-out acc {:.1}%, {:.2} s ({rate:.0} samples/s)",
+        r.params,
+        r.losses.first().copied().unwrap_or(f64::NAN),
+        r.final_loss,
+        pct(r.train_accuracy),
+        pct(r.test_accuracy),
+        r.seconds
+    )
+}
+
+/// Trains, prints the figures as plain lines and writes the plot.
+pub fn run(o: &Options) -> Result<Summary> {
+    let c = &o.config;
+    println!(
+        "spirals: {} classes x {} points, noise {}; MLP 2 -> {h} -> LN -> GELU -> {h} -> LN -> GELU -> {}; Adam lr {}, {} steps, f32, {}",
+        c.classes, c.per_class, c.noise, c.classes, c.lr, c.steps, o.device, h = c.hidden
+    );
+    let n = c.classes * c.per_class;
+    let shadow = o
+        .shadow
+        .map(|e| super::shadow::shadow(e, o.plots.as_deref()));
+    let fused = train(o, NormImpl::Fused, shadow.as_ref())?;
+    println!("{}", line("fused:", &fused, n));
+    let agreement = if o.composed {
+        let twin = train(o, NormImpl::Composed, None)?;
+        println!("{}", line("composed:", &twin, n));
+        let a = Agreement::of(fused.clone(), twin);
+        println!(
+            "fused vs composed over {} steps: max |loss diff| {:.2e}, max relative {:.2e}",
+            c.steps, a.max_abs_diff, a.max_rel_diff
+        );
+        Some(a)
+    } else {
+        None
+    };
+    let curve = |r: &TrainReport| {
+        r.losses
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as f64, l))
+            .collect()
+    };
+    let mut series = vec![Series::new("fused LayerNorm", Style::Line, curve(&fused))];
+    if let Some(a) = &agreement {
+        series.push(Series::new(
+            "composed LayerNorm",
+            Style::Dashed,
+            curve(&a.composed),
+        ));
+    }
+    let plot = LinePlot {
+        title: format!("Spirals MLP: training loss over {} Adam steps", c.steps),
+        x_label: "step".into(),
+        y_label: "cross-entropy (nats, log scale)".into(),
+        log_y: true,
+        series,
+    };
+    let mut plots = match &o.plots {
+        Some(dir) => plot.write_both(dir, "spirals_loss")?.to_vec(),
+        None => Vec::new(),
+    };
+    if let [png, svg] = plots.as_slice() {
+        println!("loss plot: {} and {}", png.display(), svg.display());
+    }
+    let title = "Spirals MLP: fused vs composed LayerNorm while training";
+    let shadow_sites = super::shadow::finish(
+        shadow.as_ref(),
+        o.plots.as_deref(),
+        "spirals_shadow",
+        title,
+        &mut plots,
+    )?;
+    Ok(Summary {
+        shadow: shadow_sites,
+        fused,
+        agreement,
+        plots,
+    })
+}

@@ -1,0 +1,420 @@
+//! A character-level language model on a text: the data, the two
+//! baselines a model must beat (unigram entropy, a smoothed bigram) and a
+//! seeded training loop for [`Gpt`]. `examples/tiny_transformer.rs` runs it
+//! at full size; the tests run it small.
+
+use fusegrad::error::{Error, Result};
+use fusegrad::nn::{AdamW, Gpt, GptConfig, NormImpl, Optimizer, Parameters, WarmupCosine};
+use fusegrad::nn::{EvalPoint, Observer, Step};
+use fusegrad::rng::Rng;
+use fusegrad::tape::Tape;
+use fusegrad::tensor::Tensor;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// A text as token ids over its own alphabet, split 90/10 into training
+/// and validation parts.
+#[derive(Debug, Clone)]
+pub struct CharData {
+    /// The alphabet: token `i` is `chars[i]`.
+    pub chars: Vec<char>,
+    /// Training tokens.
+    pub train: Vec<usize>,
+    /// Validation tokens.
+    pub val: Vec<usize>,
+}
+
+impl CharData {
+    /// The text's alphabet and its split. Errors for texts too short to
+    /// hold a validation window of `context + 1` characters.
+    pub fn new(text: &str, context: usize) -> Result<Self> {
+        let chars: Vec<char> = {
+            let mut c: Vec<char> = text.chars().collect();
+            c.sort_unstable();
+            c.dedup();
+            c
+        };
+        let index: BTreeMap<char, usize> = chars.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+        let ids: Vec<usize> = text.chars().map(|c| index[&c]).collect();
+        let cut = ids.len() * 9 / 10;
+        if ids.len() - cut <= context + 1 || cut <= context + 1 {
+            return Err(Error::InvalidArgument {
+                op: "CharData",
+                msg: format!(
+                    "a text of {} characters is too short for context {context}",
+                    ids.len()
+                ),
+            });
+        }
+        Ok(CharData {
+            chars,
+            val: ids[cut..].to_vec(),
+            train: ids[..cut].to_vec(),
+        })
+    }
+
+    /// Alphabet size.
+    pub fn vocab(&self) -> usize {
+        self.chars.len()
+    }
+
+    /// Entropy of the training part's character frequencies, in bits per
+    /// character: the loss of a model that ignores all context.
+    pub fn unigram_bits(&self) -> f64 {
+        let mut n = vec![0usize; self.vocab()];
+        for &t in &self.train {
+            n[t] += 1;
+        }
+        let total = self.train.len() as f64;
+        n.iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| {
+                let p = c as f64 / total;
+                -p * p.log2()
+            })
+            .sum()
+    }
+
+    /// Validation cross-entropy, in bits per character, of a bigram model
+    /// fitted on the training part with add-one smoothing: the bar for a
+    /// model that sees one character back.
+    pub fn bigram_bits(&self) -> f64 {
+        let v = self.vocab();
+        let mut n = vec![1usize; v * v];
+        let mut row = vec![v; v];
+        for w in self.train.windows(2) {
+            n[w[0] * v + w[1]] += 1;
+            row[w[0]] += 1;
+        }
+        let ce: f64 = self
+            .val
+            .windows(2)
+            .map(|w| -(n[w[0] * v + w[1]] as f64 / row[w[0]] as f64).log2())
+            .sum();
+        ce / (self.val.len() - 1) as f64
+    }
+
+    /// `batch` windows of `time` tokens from `src` and their next tokens.
+    fn batch(src: &[usize], batch: usize, time: usize, rng: &mut Rng) -> (Vec<usize>, Vec<usize>) {
+        let (mut x, mut y) = (
+            Vec::with_capacity(batch * time),
+            Vec::with_capacity(batch * time),
+        );
+        for _ in 0..batch {
+            let s = rng.below(src.len() - time - 1);
+            x.extend_from_slice(&src[s..s + time]);
+            y.extend_from_slice(&src[s + 1..s + time + 1]);
+        }
+        (x, y)
+    }
+}
+
+/// Settings of a training run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CharLmConfig {
+    /// The model's shape (`vocab` is set from the data).
+    pub model: GptConfig,
+    /// Sequences per step.
+    pub batch: usize,
+    /// Steps at most.
+    pub steps: usize,
+    /// Wall-clock limit; training stops at the first step past it.
+    pub time_limit: Duration,
+    /// Peak learning rate (AdamW, weight decay 0.01), after a linear
+    /// warmup, decayed by a cosine to a tenth of it at `steps`.
+    pub lr: f64,
+    /// Warmup steps.
+    pub warmup: usize,
+    /// Global gradient-norm bound.
+    pub clip: f64,
+    /// Validation every this many steps (and at the end).
+    pub eval_every: usize,
+    /// Validation batches per evaluation (fixed windows, the same each time).
+    pub eval_batches: usize,
+    /// Seed of the weights and the batches.
+    pub seed: u64,
+}
+
+impl Default for CharLmConfig {
+    /// 4 layers, 4 heads, width 128, context 64; batch 16; lr 2e-3.
+    fn default() -> Self {
+        CharLmConfig {
+            model: GptConfig {
+                vocab: 0,
+                context: 64,
+                width: 128,
+                heads: 4,
+                layers: 4,
+            },
+            batch: 16,
+            steps: 2000,
+            time_limit: Duration::from_secs(270),
+            lr: 2e-3,
+            warmup: 50,
+            clip: 1.0,
+            eval_every: 100,
+            eval_batches: 8,
+            seed: 0,
+        }
+    }
+}
+
+/// What a run did: the training loss per step (nats), the validation
+/// curve and the final model.
+#[derive(Debug, Clone)]
+pub struct CharLmRun {
+    /// Mean training cross-entropy of each step, in nats.
+    pub losses: Vec<f64>,
+    /// Validation points.
+    pub evals: Vec<EvalPoint>,
+    /// Training tokens per second.
+    pub tokens_per_s: f64,
+    /// The trained model.
+    pub model: Gpt<f32>,
+}
+
+/// Builds a model for `data` from `config` and trains it with `imp`
+/// LayerNorms; `on_eval` sees each validation point as it is made.
+pub fn train_char_lm(
+    data: &CharData,
+    config: &CharLmConfig,
+    imp: NormImpl,
+    on_eval: impl FnMut(&EvalPoint),
+) -> Result<CharLmRun> {
+    train_model(new_model(data, config, imp)?, data, config, on_eval)
+}
+
+/// The model [`train_char_lm`] starts from: `config.model` with the data's
+/// vocabulary, initialised from `config.seed`, with `imp` LayerNorms.
+pub fn new_model(data: &CharData, config: &CharLmConfig, imp: NormImpl) -> Result<Gpt<f32>> {
+    let mut shape = config.model;
+    shape.vocab = data.vocab();
+    let mut model = Gpt::<f32>::new(shape, &mut Rng::new(config.seed))?;
+    model.set_norm_impl(imp);
+    Ok(model)
+}
+
+/// Trains `model` (for example one loaded from a file) on `data`; batches
+/// are drawn from `config.seed`. `on_eval` sees each validation point.
+pub fn train_model(
+    model: Gpt<f32>,
+    data: &CharData,
+    config: &CharLmConfig,
+    on_eval: impl FnMut(&EvalPoint),
+) -> Result<CharLmRun> {
+    train_observed(model, data, config, &mut OnEval(on_eval))
+}
+
+/// A closure as an [`Observer`] of validation points only.
+struct OnEval<F>(F);
+
+impl<F: FnMut(&EvalPoint)> Observer for OnEval<F> {
+    fn on_eval(&mut self, e: &EvalPoint) {
+        (self.0)(e)
+    }
+}
+
+/// [`train_model`] telling `obs` of every step (loss, tokens so far) and
+/// every validation point; pass a [`crate::progress::Bar`] for a progress
+/// bar.
+pub fn train_observed(
+    mut model: Gpt<f32>,
+    data: &CharData,
+    config: &CharLmConfig,
+    obs: &mut dyn Observer,
+) -> Result<CharLmRun> {
+    let shape = *model.config();
+    if shape.vocab != data.vocab() {
+        return Err(Error::InvalidArgument {
+            op: "train_model",
+            msg: format!(
+                "the model has {} tokens, the text {}",
+                shape.vocab,
+                data.vocab()
+            ),
+        });
+    }
+    let mut stepper = Stepper::new(config, &shape)?;
+    let (b, t) = (config.batch, shape.context);
+    // Fixed validation windows, so that every evaluation sees the same text.
+    let mut vrng = Rng::new(config.seed ^ 0x5eed);
+    let val: Vec<_> = (0..config.eval_batches)
+        .map(|_| CharData::batch(&data.val, b, t, &mut vrng))
+        .collect();
+    let start = Instant::now();
+    let (mut losses, mut evals) = (Vec::new(), Vec::new());
+    // The observer is passed in, not captured: the loop tells it of steps too.
+    let mut eval = |model: &Gpt<f32>, step: usize, obs: &mut dyn Observer| -> Result<()> {
+        let mut sum = 0.0;
+        for (x, y) in &val {
+            let tape = Tape::new();
+            let p = model.bind_frozen(&tape);
+            sum += scalar(model.loss(&p, x, y, b, t)?.value())?;
+        }
+        let e = EvalPoint {
+            step,
+            val_bits: sum / val.len().max(1) as f64 / std::f64::consts::LN_2,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        obs.on_eval(&e);
+        evals.push(e);
+        Ok(())
+    };
+    let mut step = 0;
+    while step < config.steps && start.elapsed() < config.time_limit {
+        if step % config.eval_every.max(1) == 0 {
+            eval(&model, step, obs)?;
+        }
+        let value = stepper.step(&mut model, data, step, obs.shadow(), &mut |_| {})?;
+        losses.push(value);
+        step += 1;
+        obs.on_step(&Step {
+            step,
+            steps: config.steps,
+            loss: value,
+            items: step * b * t,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
+    eval(&model, step, obs)?;
+    let secs = start.elapsed().as_secs_f64();
+    Ok(CharLmRun {
+        tokens_per_s: (step * b * t) as f64 / secs.max(1e-9),
+        losses,
+        evals,
+        model,
+    })
+}
+
+/// The parts of a training step, in the order [`Stepper::step`] ends them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepPart {
+    /// Drawing the batch, binding the parameters, the forward to the loss.
+    Forward,
+    /// The reverse sweep.
+    Backward,
+    /// Reading each parameter's gradient off the sweep.
+    Grads,
+    /// The learning-rate schedule, gradient clipping and the AdamW update
+    /// (`Optimizer::update_clipped`).
+    Update,
+}
+
+/// What persists across the steps of [`train_observed`]: the batch stream,
+/// AdamW and the schedule. The one definition of a training step, so that
+/// `fusegrad bench --train` times exactly the step that training runs.
+pub(crate) struct Stepper {
+    rng: Rng,
+    opt: AdamW<f32>,
+    schedule: WarmupCosine,
+    batch: usize,
+    context: usize,
+    clip: f64,
+}
+
+impl Stepper {
+    /// The state before step 0 of a run of `config` on a model of `shape`.
+    pub(crate) fn new(config: &CharLmConfig, shape: &GptConfig) -> Result<Self> {
+        Ok(Stepper {
+            rng: Rng::new(config.seed ^ 0xba7c4),
+            opt: AdamW::with_lr(config.lr)?,
+            schedule: WarmupCosine::new(
+                config.lr,
+                config.lr / 10.0,
+                config.warmup.min(config.steps) as u64,
+                config.steps.max(1) as u64,
+            )?,
+            batch: config.batch,
+            context: shape.context,
+            clip: config.clip,
+        })
+    }
+
+    /// Step `step` (from 0): a batch, forward, backward, gradient clipping
+    /// and the AdamW update of `model`; returns the batch's mean loss in
+    /// nats. `mark` is told as each [`StepPart`] ends; the tape is dropped
+    /// after the last.
+    pub(crate) fn step(
+        &mut self,
+        model: &mut Gpt<f32>,
+        data: &CharData,
+        step: usize,
+        shadow: Option<&fusegrad::Shadow>,
+        mark: &mut dyn FnMut(StepPart),
+    ) -> Result<f64> {
+        let (b, t) = (self.batch, self.context);
+        let (x, y) = CharData::batch(&data.train, b, t, &mut self.rng);
+        let tape = Tape::new();
+        if let Some(s) = shadow {
+            s.watch(&tape, step);
+        }
+        let p = model.bind(&tape);
+        let loss = model.loss(&p, &x, &y, b, t)?;
+        let value = scalar(loss.value())?;
+        mark(StepPart::Forward);
+        let swept = loss.backward()?;
+        mark(StepPart::Backward);
+        let g = p.grads(&swept)?;
+        // Every node's gradient goes now, as in a one-line
+        // `p.grads(&loss.backward()?)`: the update's peak memory is not
+        // inflated by them.
+        drop(swept);
+        mark(StepPart::Grads);
+        self.opt.set_lr(self.schedule.lr(step as u64))?;
+        self.opt
+            .update_clipped(&mut model.params_mut(), g, self.clip)?;
+        mark(StepPart::Update);
+        Ok(value)
+    }
+}
+
+/// `n` characters sampled after `prompt` at `temperature` (characters not
+/// in the alphabet are dropped from the prompt).
+pub fn sample(
+    model: &Gpt<f32>,
+    data: &CharData,
+    prompt: &str,
+    n: usize,
+    temperature: f64,
+    rng: &mut Rng,
+) -> Result<String> {
+    let mut ids: Vec<usize> = prompt
+        .chars()
+        .filter_map(|c| data.chars.binary_search(&c).ok())
+        .collect();
+    if ids.is_empty() {
+        ids.push(0);
+    }
+    let ctx = model.config().context;
+    let mut out = String::new();
+    for _ in 0..n {
+        let window = &ids[ids.len().saturating_sub(ctx)..];
+        let tape = Tape::new();
+        let p = model.bind_frozen(&tape);
+        let logits = model.forward_ids(&p, window, 1, window.len())?;
+        let v = data.vocab();
+        let all = logits.value().to_vec()?;
+        let last = &all[all.len() - v..];
+        let m = last.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let w: Vec<f64> = last
+            .iter()
+            .map(|&l| ((l as f64 - m) / temperature.max(1e-6)).exp())
+            .collect();
+        let mut r = rng.uniform() * w.iter().sum::<f64>();
+        let mut next = v - 1;
+        for (i, wi) in w.iter().enumerate() {
+            if r < *wi {
+                next = i;
+                break;
+            }
+            r -= wi;
+        }
+        ids.push(next);
+        out.push(data.chars[next]);
+    }
+    Ok(out)
+}
+
+fn scalar(t: &Tensor<f32>) -> Result<f64> {
+    Ok(t.to_vec()?.first().copied().unwrap_or(f32::NAN) as f64)
+}

@@ -1,0 +1,8 @@
+//! nn: layers, optimizers, the transformer and safetensors weights.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod layers;
+mod transformer;
+mod weights;

@@ -1,0 +1,11 @@
+//! The primitive ops: values, gradients against finite differences and
+//! broadcasting, for every dtype.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod binary;
+mod elementwise;
+mod kernels;
+mod linalg;
+mod nn_ops;
