@@ -136,7 +136,7 @@ mod pat {
     /// first row of `b`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn bwd_step(a: &[f32], b: &[f32], c: &mut [f32], d: usize) -> f32 {
-        if fusegrad::probes::Profile::Intel.backward_pairs(d * 4) {
+        if fusegrad::probes::backward_pairs(fusegrad::probes::Profile::Intel, d * 4) {
             bwd_rows::<2>(a, b, c, d)
         } else {
             bwd_rows::<4>(a, b, c, d)

@@ -3,13 +3,16 @@
 //! part of the API).
 
 pub use crate::device::cpu::{
-    cpu_vendor, reset_switches, set_backward_pairs, set_interleaved_partials, set_lockstep,
-    set_long_fwd_tasks, set_narrow_lanes, set_overlap, set_paired_partials, set_prefetch_next,
-    set_profile, set_segmented, set_simd_limit, set_stats_first, set_stream_threshold, set_team,
+    cpu_vendor, set_prefetch_next, set_profile, set_simd_limit, set_stream_threshold, set_team,
     Profile, Simd, DEFAULT_STREAM_BYTES,
 };
 pub use crate::device::pool::{fresh, set_enabled as set_pool_enabled, set_huge_pages};
 pub use crate::layout::{alloc, checked_numel};
+pub use crate::ops::layer_norm::cpu::tuning::{
+    backward_pairs, reset_switches, set_backward_pairs, set_interleaved_partials, set_lockstep,
+    set_long_fwd_tasks, set_narrow_lanes, set_overlap, set_paired_partials, set_segmented,
+    set_stats_first,
+};
 
 pub mod counted;
 #[cfg(feature = "cuda")]

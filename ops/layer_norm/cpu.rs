@@ -41,11 +41,9 @@
 //! and `tests` the checks that each speed switch changes no bits.
 
 use crate::device::cpu::{
-    bwd_rows_in_step, dispatch_all, each_chunk, each_chunk_in, fence, fold_all,
-    interleaved_partials, long_fwd_tasks, narrow_lanes, overlap, overlap_backward, paired_partials,
-    prefetch, prefetch_next, prefetch_next_on, rows_in_step, rows_per_chunk, segmented,
-    should_stream, stats_first, write_rows_ahead, write_rows_with, Kernel, Lanes, ROWS_IN_STEP,
-    STATS_FIRST_ROWS, STEP_ROW_BYTES, UNROLL,
+    dispatch_all, each_chunk, each_chunk_in, fence, fold_all, prefetch, prefetch_next,
+    prefetch_next_on, rows_per_chunk, should_stream, write_rows_ahead, write_rows_with, Kernel,
+    Lanes, UNROLL,
 };
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
@@ -54,6 +52,7 @@ use crate::ops::norm::cpu_rows::{
 };
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
+pub(crate) use tuning::*;
 
 type Acc<T> = <T as Element>::Acc;
 
@@ -111,6 +110,7 @@ mod forward;
 mod stats;
 #[cfg(test)]
 mod tests;
+pub(crate) mod tuning;
 
 pub(crate) use backward::{backward, Backward};
 pub(crate) use forward::forward;

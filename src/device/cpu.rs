@@ -128,7 +128,7 @@ pub(crate) trait Kernel<T: Element> {
     fn run<V: Lanes<T>>(self) -> Self::Output;
 
     /// Whether the work runs in 256-bit lanes (the AVX2 build) even where
-    /// AVX-512 is there (see [`narrow_lanes`]).
+    /// AVX-512 is there (the LayerNorm kernels' narrow lanes).
     fn narrow(&self) -> bool {
         false
     }
@@ -253,10 +253,9 @@ mod profile;
 mod team;
 #[cfg(test)]
 mod tests;
-mod tuning;
 mod write;
 
-/// Held by the tests that flip [`set_simd_limit`], [`set_narrow_lanes`] or
+/// Held by the tests that flip [`set_simd_limit`], the narrow lanes or
 /// [`set_profile`] (or read the profile),
 /// or that check which build a kernel ran with.
 #[cfg(test)]
@@ -272,15 +271,18 @@ pub use lanes::CpuBuilds;
 pub(crate) use lanes::{is_f32, Lanes, Portable};
 pub use lanes::{simd, Simd};
 pub use profile::profile;
-use profile::Switch;
+pub use profile::Profile;
+pub(crate) use profile::Switch;
 #[cfg(any(test, feature = "probes"))]
-pub use profile::{cpu_vendor, set_profile, Profile};
+pub use profile::{cpu_vendor, set_profile};
 pub use team::run_each;
 #[cfg(feature = "probes")]
 pub use team::set_team;
 #[cfg(test)]
 use team::{run_tasks, SPIN, YIELD};
-pub use tuning::*;
+pub(crate) use write::should_stream;
 #[cfg_attr(not(feature = "probes"), allow(unused_imports))] // read by `probes`
 pub use write::stream_copy;
+#[cfg_attr(not(feature = "probes"), allow(unused_imports))] // read by `probes` and tests
+pub use write::{set_stream_threshold, stream_threshold, DEFAULT_STREAM_BYTES};
 pub(crate) use write::{write_row, write_rows_ahead, write_rows_with};

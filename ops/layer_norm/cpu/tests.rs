@@ -3,8 +3,7 @@
 use super::forward::{fwd_rows_per_task, FWD_TASK_STEPS};
 use super::*;
 use crate::device::cpu::{
-    best_simd, profile, reset_switches, set_narrow_lanes, set_simd_limit, set_stream_threshold,
-    stream_threshold, Simd, SIMD_TESTS,
+    best_simd, profile, set_simd_limit, set_stream_threshold, stream_threshold, Simd, SIMD_TESTS,
 };
 use crate::ops::norm::cpu_rows::groups;
 use crate::ops::rms_norm::cpu as rms;
@@ -90,7 +89,7 @@ fn every_build_and_store_kind_gives_the_same_bits() {
                 assert!(outputs(&x, &dy, &g, &b, d) == want, "{limit} n={n} d={d}");
                 // Rows past 64 KiB run in 256-bit lanes; the 512-bit
                 // build must give the same bits there too.
-                set_narrow_lanes(!profile().narrow_lanes());
+                set_narrow_lanes(!narrow_default(profile()));
                 assert!(
                     outputs(&x, &dy, &g, &b, d) == want,
                     "{limit} other lanes n={n} d={d}"
@@ -111,7 +110,7 @@ fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
     let _hold = SEGMENTED.lock();
     // The profile decides the backward's rows in step; both are run here.
     let _simd = SIMD_TESTS.lock();
-    use crate::device::cpu::{bwd_rows_in_step, rows_in_step, set_lockstep, set_profile, Profile};
+    use crate::device::cpu::{set_profile, Profile};
     let mut rng = Rng::new(11);
     // Rows inside the lockstep range: whole steps plus a remainder, a
     // row length that is not a multiple of the lanes (unequal
@@ -137,7 +136,6 @@ fn backward_pairs_change_no_bits_and_override_the_profile() {
     let _hold = SEGMENTED.lock();
     // `reset_switches` also resets what the SIMD tests set.
     let _simd = SIMD_TESTS.lock();
-    use crate::device::cpu::{bwd_rows_in_step, set_backward_pairs};
     let mut rng = Rng::new(23);
     for (n, d) in [(9usize, 4096usize), (7, 4100), (6, 16384)] {
         set_backward_pairs(true);
@@ -150,7 +148,7 @@ fn backward_pairs_change_no_bits_and_override_the_profile() {
     set_backward_pairs(true);
     assert_eq!(bwd_rows_in_step(1024 * 4), 1);
     reset_switches();
-    let pairs = profile().backward_pairs(16 << 10);
+    let pairs = backward_pairs(profile(), 16 << 10);
     assert_eq!(bwd_rows_in_step(16 << 10) == 2, pairs);
 }
 
@@ -158,7 +156,6 @@ fn backward_pairs_change_no_bits_and_override_the_profile() {
 fn paired_partials_change_no_bits() {
     let _hold = SEGMENTED.lock();
     let _simd = SIMD_TESTS.lock();
-    use crate::device::cpu::{paired_partials, set_overlap, set_paired_partials};
     // Pairing needs the joined loop, so the overlap is held on. Rows in
     // lockstep with odd and even numbers of steps, rows one at a time
     // past 64 KiB, aligned and not.
@@ -183,7 +180,6 @@ fn paired_partials_change_no_bits() {
 fn interleaved_partials_change_no_bits() {
     let _hold = SEGMENTED.lock();
     let _simd = SIMD_TESTS.lock();
-    use crate::device::cpu::{set_interleaved_partials, set_paired_partials};
     // Rows with and without a tail past the last whole chunk, short, in
     // lockstep and past 64 KiB, with the partials paired and not.
     let mut rng = Rng::new(37);
@@ -233,7 +229,6 @@ fn partial_layouts_place_every_term_once() {
 #[test]
 fn long_forward_tasks_change_no_bits() {
     let _hold = SEGMENTED.lock();
-    use crate::device::cpu::set_long_fwd_tasks;
     let mut rng = Rng::new(23);
     // Several tasks either way, the last one short.
     for (n, d) in [(150usize, 4096usize), (70, 16384)] {
@@ -284,7 +279,6 @@ fn recycled_partial_rows_start_from_zero() {
 #[test]
 fn statistics_first_changes_no_bits() {
     let _hold = SEGMENTED.lock();
-    use crate::device::cpu::{set_stats_first, STATS_FIRST_ROW_BYTES};
     let mut rng = Rng::new(31);
     // Whole batches plus a remainder; rows of whole lanes, and rows
     // that are not (so their alignment varies and they have tails).
@@ -327,7 +321,7 @@ fn overlapped_passes_give_the_same_bits_as_separate_ones() {
     let _hold = SEGMENTED.lock();
     // `reset_switches` also resets the lanes that SIMD tests set.
     let _simd = SIMD_TESTS.lock();
-    use crate::device::cpu::{overlap, overlap_backward, set_overlap, set_profile, Profile};
+    use crate::device::cpu::{set_profile, Profile};
     let mut rng = Rng::new(17);
     // Streamed (the overlap needs it): short rows one at a time, rows
     // in lockstep with a remainder (two steps, and four, so that a
@@ -378,7 +372,6 @@ fn overlapped_passes_give_the_same_bits_as_separate_ones() {
 
 #[test]
 fn long_rows_in_runs_match_the_f64_statistics() {
-    use crate::device::cpu::{segmented, set_segmented};
     let _hold = SEGMENTED.lock();
     let mut rng = Rng::new(13);
     for d in [16_400usize, 20_003, 65_536] {
@@ -430,4 +423,38 @@ fn rows_at_mut_gives_whole_rows_and_empty_past_the_end() {
     assert_eq!((a.len(), b.len()), (0, 0));
     let [a] = rows_at_mut::<u32, 1>(&mut v, 9, 3);
     assert!(a.is_empty());
+}
+
+#[test]
+fn only_rows_past_64_kib_take_narrow_lanes() {
+    let _hold = SIMD_TESTS.lock();
+    set_narrow_lanes(true);
+    for (bytes, want) in [(4096, false), (64 << 10, false), ((64 << 10) + 4, true)] {
+        assert_eq!(narrow_lanes(bytes), want, "{bytes} bytes");
+    }
+    set_narrow_lanes(false);
+    assert!(!narrow_lanes(1 << 20));
+    reset_switches();
+    assert_eq!(narrow_lanes(1 << 20), narrow_default(profile()));
+}
+
+#[test]
+fn each_vendor_gets_its_measured_layer_norm_defaults() {
+    use crate::device::cpu::Profile;
+    let intel = Profile::Intel;
+    assert!(narrow_default(intel));
+    assert!(backward_overlap(intel, 2 << 10) && backward_overlap(intel, 256 << 10));
+    assert!(forward_overlap(intel, 4096) && forward_overlap(intel, 16 << 10));
+    let amd = Profile::Amd;
+    assert!(!narrow_default(amd));
+    // On AMD the backward overlaps only rows in lockstep and longer.
+    assert!(!backward_overlap(amd, 2 << 10) && !backward_overlap(amd, (16 << 10) - 4));
+    assert!(backward_overlap(amd, 16 << 10) && backward_overlap(amd, 64 << 10));
+    assert!(backward_overlap(amd, (64 << 10) + 4) && backward_overlap(amd, 256 << 10));
+    // On AMD only rows in lockstep overlap their forward passes.
+    assert!(!forward_overlap(amd, (16 << 10) - 4));
+    assert!(forward_overlap(amd, 16 << 10) && forward_overlap(amd, 64 << 10));
+    // The backward pairs 16 KiB rows on AMD only; longer ones on both.
+    assert!(!backward_pairs(intel, 16 << 10) && backward_pairs(amd, 16 << 10));
+    assert!(backward_pairs(intel, 32 << 10) && backward_pairs(amd, 32 << 10));
 }

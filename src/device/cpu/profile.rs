@@ -1,8 +1,8 @@
 //! Which CPU the kernels' speed defaults were measured on. Some choices
-//! ([`overlap`](super::overlap), [`narrow_lanes`](super::narrow_lanes),
-//! the backward's rows in step) paid on one vendor's cores and cost on the
-//! other's, so they follow the CPU the process runs on. None changes any
-//! bits, only the speed.
+//! (the LayerNorm kernels' overlap, narrow lanes and rows in step, in
+//! `ops/layer_norm/cpu/tuning.rs`) paid on one vendor's cores and cost on
+//! the other's, so they follow the CPU the process runs on. None changes
+//! any bits, only the speed.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -16,7 +16,7 @@ pub enum Profile {
     /// 512-bit units), 1 MiB L2 per core. Where the Intel profile's
     /// choices cost time on these cores, it differs:
     /// - overlapped passes, forward and backward, only for rows in
-    ///   lockstep and longer (see [`Profile::backward_overlap`]);
+    ///   lockstep and longer;
     /// - 512-bit lanes for rows past 64 KiB;
     /// - two rows, not four, in the backward's step at every lockstep
     ///   width, 16 KiB rows included.
@@ -30,44 +30,6 @@ impl Profile {
             "AuthenticAMD" | "HygonGenuine" => Profile::Amd,
             _ => Profile::Intel,
         }
-    }
-
-    /// Whether the forward overlaps rows of `row_bytes` (at least
-    /// [`OVERLAP_ROW_BYTES`](super::OVERLAP_ROW_BYTES)) by default.
-    pub fn forward_overlap(self, row_bytes: usize) -> bool {
-        match self {
-            Profile::Intel => true,
-            Profile::Amd => row_bytes >= *super::STEP_ROW_BYTES.start(),
-        }
-    }
-
-    /// Whether the backward overlaps its passes for rows of `row_bytes`
-    /// (at least [`OVERLAP_ROW_BYTES`](super::OVERLAP_ROW_BYTES)) by
-    /// default: always on Intel; on AMD for rows in lockstep and longer
-    /// (from [`STEP_ROW_BYTES`](super::STEP_ROW_BYTES)' start), as its
-    /// forward. Shorter rows lose time to the joined loop on AMD; rows in
-    /// lockstep gain from it there because their partials pair in it
-    /// ([`paired_partials`](super::paired_partials)).
-    pub fn backward_overlap(self, row_bytes: usize) -> bool {
-        match self {
-            Profile::Intel => true,
-            Profile::Amd => row_bytes >= *super::STEP_ROW_BYTES.start(),
-        }
-    }
-
-    /// Whether the backward takes rows of `row_bytes` that go in lockstep
-    /// two at a time rather than four ([`bwd_rows_in_step`](super::bwd_rows_in_step)):
-    /// past 16 KiB on Intel, at every such row on AMD.
-    pub fn backward_pairs(self, row_bytes: usize) -> bool {
-        match self {
-            Profile::Intel => row_bytes > *super::STEP_ROW_BYTES.start(),
-            Profile::Amd => true,
-        }
-    }
-
-    /// Whether rows past 64 KiB run in 256-bit lanes by default.
-    pub fn narrow_lanes(self) -> bool {
-        self == Profile::Intel
     }
 }
 
@@ -120,26 +82,26 @@ pub fn set_profile(p: Profile) {
 }
 
 /// A speed switch whose default comes from [`profile`] until it is set.
-pub(super) struct Switch(AtomicU8);
+pub(crate) struct Switch(AtomicU8);
 
 impl Switch {
-    pub(super) const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Switch(AtomicU8::new(0))
     }
 
     /// Forces the switch on or off.
-    pub(super) fn set(&self, on: bool) {
+    pub(crate) fn set(&self, on: bool) {
         self.0.store(1 + on as u8, Ordering::Relaxed)
     }
 
     /// Back to the profile's default.
-    pub(super) fn reset(&self) {
+    pub(crate) fn reset(&self) {
         self.0.store(0, Ordering::Relaxed)
     }
 
     /// The forced setting, else `default()`.
     #[inline(always)]
-    pub(super) fn on(&self, default: impl FnOnce() -> bool) -> bool {
+    pub(crate) fn on(&self, default: impl FnOnce() -> bool) -> bool {
         match self.0.load(Ordering::Relaxed) {
             0 => default(),
             s => s == 2,

@@ -166,40 +166,11 @@ fn narrow_kernels_run_in_256_bit_lanes() {
 }
 
 #[test]
-fn only_rows_past_64_kib_take_narrow_lanes() {
-    let _hold = SIMD_TESTS.lock();
-    set_narrow_lanes(true);
-    for (bytes, want) in [(4096, false), (64 << 10, false), ((64 << 10) + 4, true)] {
-        assert_eq!(narrow_lanes(bytes), want, "{bytes} bytes");
-    }
-    set_narrow_lanes(false);
-    assert!(!narrow_lanes(1 << 20));
-    reset_switches();
-    assert_eq!(narrow_lanes(1 << 20), profile().narrow_lanes());
-}
-
-#[test]
-fn each_vendor_gets_its_measured_defaults() {
+fn each_vendor_gets_its_profile() {
     assert_eq!(Profile::for_vendor("GenuineIntel"), Profile::Intel);
     assert_eq!(Profile::for_vendor("AuthenticAMD"), Profile::Amd);
     assert_eq!(Profile::for_vendor("HygonGenuine"), Profile::Amd);
     assert_eq!(Profile::for_vendor(""), Profile::Intel);
-    let intel = Profile::Intel;
-    assert!(intel.narrow_lanes());
-    assert!(intel.backward_overlap(2 << 10) && intel.backward_overlap(256 << 10));
-    assert!(intel.forward_overlap(4096) && intel.forward_overlap(16 << 10));
-    let amd = Profile::Amd;
-    assert!(!amd.narrow_lanes());
-    // On AMD the backward overlaps only rows in lockstep and longer.
-    assert!(!amd.backward_overlap(2 << 10) && !amd.backward_overlap((16 << 10) - 4));
-    assert!(amd.backward_overlap(16 << 10) && amd.backward_overlap(64 << 10));
-    assert!(amd.backward_overlap((64 << 10) + 4) && amd.backward_overlap(256 << 10));
-    // On AMD only rows in lockstep overlap their forward passes.
-    assert!(!amd.forward_overlap((16 << 10) - 4));
-    assert!(amd.forward_overlap(16 << 10) && amd.forward_overlap(64 << 10));
-    // The backward pairs 16 KiB rows on AMD only; longer ones on both.
-    assert!(!intel.backward_pairs(16 << 10) && amd.backward_pairs(16 << 10));
-    assert!(intel.backward_pairs(32 << 10) && amd.backward_pairs(32 << 10));
 }
 
 #[test]

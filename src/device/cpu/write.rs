@@ -261,3 +261,31 @@ pub(crate) fn write_rows_with<T: Element, V: Lanes<T>, const NT: bool, const R: 
         }
     }
 }
+
+/// Default for [`stream_threshold`]: outputs of at least this many bytes
+/// are streamed past the cache. Twice a 2 MiB L2 per core: an output this
+/// large is not in the writer's L2 when the next op reads it.
+pub const DEFAULT_STREAM_BYTES: usize = 4 << 20;
+
+static STREAM_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_STREAM_BYTES);
+
+/// Outputs of at least this many bytes are written with non-temporal stores
+/// (f32 only; other types always use ordinary stores).
+pub fn stream_threshold() -> usize {
+    STREAM_BYTES.load(Ordering::Relaxed)
+}
+
+/// Sets [`stream_threshold`]; `usize::MAX` turns streaming stores off. A
+/// process-wide setting, for benchmarks that compare the two.
+#[cfg_attr(not(feature = "probes"), allow(dead_code))]
+pub fn set_stream_threshold(bytes: usize) {
+    STREAM_BYTES.store(bytes, Ordering::Relaxed)
+}
+
+/// Whether an output of `elems` elements of `T` should be streamed.
+#[inline]
+pub(crate) fn should_stream<T: Element>(elems: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && <T as crate::device::cpu::CpuBuilds>::SIMD
+        && elems.saturating_mul(4) >= stream_threshold()
+}

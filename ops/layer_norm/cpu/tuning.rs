@@ -1,9 +1,11 @@
-//! The kernels' speed switches and thresholds: which rows go in lockstep,
-//! in runs, statistics first or overlapped, and which outputs are streamed.
-//! Each switch changes only the speed (except [`set_segmented`]), and each
-//! can be turned off process-wide to measure what it is worth.
+//! The LayerNorm kernels' speed switches and thresholds: which rows go in
+//! lockstep, in runs, statistics first or overlapped, in narrow lanes, and
+//! what each CPU vendor's [`Profile`] picks by default. Each switch changes
+//! only the speed (except [`set_segmented`]), and each can be turned off
+//! process-wide to measure what it is worth.
 
-use super::*;
+use crate::device::cpu::{profile, Profile, Switch};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Rows a LayerNorm task advances in lockstep where that pays (see
 /// [`rows_in_step`]).
@@ -31,7 +33,7 @@ static LOCKSTEP: AtomicBool = AtomicBool::new(true);
 /// the rows in row order, so the bits are unchanged.
 pub fn bwd_rows_in_step(row_bytes: usize) -> usize {
     match rows_in_step(row_bytes) {
-        ROWS_IN_STEP if PAIRS.on(|| profile().backward_pairs(row_bytes)) => 2,
+        ROWS_IN_STEP if PAIRS.on(|| backward_pairs(profile(), row_bytes)) => 2,
         r => r,
     }
 }
@@ -102,34 +104,6 @@ pub fn set_long_fwd_tasks(on: bool) {
 #[cfg_attr(not(feature = "probes"), allow(dead_code))]
 pub fn set_lockstep(on: bool) {
     LOCKSTEP.store(on, Ordering::Relaxed)
-}
-
-/// Default for [`stream_threshold`]: outputs of at least this many bytes
-/// are streamed past the cache. Twice a 2 MiB L2 per core: an output this
-/// large is not in the writer's L2 when the next op reads it.
-pub const DEFAULT_STREAM_BYTES: usize = 4 << 20;
-
-static STREAM_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_STREAM_BYTES);
-
-/// Outputs of at least this many bytes are written with non-temporal stores
-/// (f32 only; other types always use ordinary stores).
-pub fn stream_threshold() -> usize {
-    STREAM_BYTES.load(Ordering::Relaxed)
-}
-
-/// Sets [`stream_threshold`]; `usize::MAX` turns streaming stores off. A
-/// process-wide setting, for benchmarks that compare the two.
-#[cfg_attr(not(feature = "probes"), allow(dead_code))]
-pub fn set_stream_threshold(bytes: usize) {
-    STREAM_BYTES.store(bytes, Ordering::Relaxed)
-}
-
-/// Whether an output of `elems` elements of `T` should be streamed.
-#[inline]
-pub(crate) fn should_stream<T: Element>(elems: usize) -> bool {
-    cfg!(target_arch = "x86_64")
-        && <T as crate::device::cpu::CpuBuilds>::SIMD
-        && elems.saturating_mul(4) >= stream_threshold()
 }
 
 static OVERLAP: Switch = Switch::new();
@@ -222,7 +196,7 @@ pub const OVERLAP_ROW_BYTES: usize = 2 << 10;
 /// so (on AMD, only rows in lockstep).
 #[inline(always)]
 pub fn overlap(row_bytes: usize) -> bool {
-    row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| profile().forward_overlap(row_bytes))
+    row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| forward_overlap(profile(), row_bytes))
 }
 
 /// Whether the LayerNorm backward runs the next rows' pass A inside this
@@ -230,7 +204,7 @@ pub fn overlap(row_bytes: usize) -> bool {
 /// for rows in lockstep and longer).
 #[inline(always)]
 pub fn overlap_backward(row_bytes: usize) -> bool {
-    row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| profile().backward_overlap(row_bytes))
+    row_bytes >= OVERLAP_ROW_BYTES && OVERLAP.on(|| backward_overlap(profile(), row_bytes))
 }
 
 static NARROW: Switch = Switch::new();
@@ -242,7 +216,7 @@ static NARROW: Switch = Switch::new();
 /// Every build gives the same bits. On AMD the 256-bit lanes cost time
 /// (see [`Profile::Amd`]), so the [`profile()`] turns them off there.
 pub fn narrow_lanes(row_bytes: usize) -> bool {
-    row_bytes > *STEP_ROW_BYTES.end() && NARROW.on(|| profile().narrow_lanes())
+    row_bytes > *STEP_ROW_BYTES.end() && NARROW.on(|| narrow_default(profile()))
 }
 
 /// Turns [`narrow_lanes`] on or off, overriding the [`profile()`]
@@ -261,4 +235,42 @@ pub fn reset_switches() {
     OVERLAP.reset();
     NARROW.reset();
     PAIRS.reset();
+}
+
+/// Whether the forward overlaps rows of `row_bytes` (at least
+/// [`OVERLAP_ROW_BYTES`]) by default on `p`'s CPUs: always on Intel; on
+/// AMD for rows in lockstep and longer.
+pub fn forward_overlap(p: Profile, row_bytes: usize) -> bool {
+    match p {
+        Profile::Intel => true,
+        Profile::Amd => row_bytes >= *STEP_ROW_BYTES.start(),
+    }
+}
+
+/// Whether the backward overlaps its passes for rows of `row_bytes` (at
+/// least [`OVERLAP_ROW_BYTES`]) by default: always on Intel; on AMD for
+/// rows in lockstep and longer (from [`STEP_ROW_BYTES`]' start), as its
+/// forward. Shorter rows lose time to the joined loop on AMD; rows in
+/// lockstep gain from it there because their partials pair in it
+/// ([`paired_partials`]).
+pub fn backward_overlap(p: Profile, row_bytes: usize) -> bool {
+    match p {
+        Profile::Intel => true,
+        Profile::Amd => row_bytes >= *STEP_ROW_BYTES.start(),
+    }
+}
+
+/// Whether the backward takes rows of `row_bytes` that go in lockstep two
+/// at a time rather than four ([`bwd_rows_in_step`]): past 16 KiB on
+/// Intel, at every such row on AMD.
+pub fn backward_pairs(p: Profile, row_bytes: usize) -> bool {
+    match p {
+        Profile::Intel => row_bytes > *STEP_ROW_BYTES.start(),
+        Profile::Amd => true,
+    }
+}
+
+/// Whether rows past 64 KiB run in 256-bit lanes by default.
+pub fn narrow_default(p: Profile) -> bool {
+    p == Profile::Intel
 }
