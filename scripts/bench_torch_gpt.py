@@ -45,10 +45,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def own_text(root=REPO):
     """fusegrad's `app::transformer::own_text`: the .rs and .md files of
-    src, ops, docs, examples and tests, and README.md, sorted by path."""
+    src, ops, cli, docs, examples and tests (no `target` folder), and
+    README.md, sorted by path."""
     files = []
-    for d in ["src", "ops", "docs", "examples", "tests"]:
-        for dirpath, _, names in os.walk(os.path.join(root, d)):
+    for d in ["src", "ops", "cli", "docs", "examples", "tests"]:
+        for dirpath, dirs, names in os.walk(os.path.join(root, d)):
+            dirs[:] = [x for x in dirs if x != "target"]
             files += [os.path.join(dirpath, n) for n in names if n.endswith((".rs", ".md"))]
     files.append(os.path.join(root, "README.md"))
     text = []

@@ -193,6 +193,10 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
         if p.is_dir() {
+            // Build output is not the project's text.
+            if p.file_name().is_some_and(|n| n == "target") {
+                continue;
+            }
             collect(&p, out)?;
         } else if p.extension().is_some_and(|x| x == "rs" || x == "md") {
             out.push(p);
