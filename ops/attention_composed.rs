@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::mask::causal_mask;
 use crate::tape::Var;
 
-/// The composed twin of [`super::attention`]: same arguments, results (up
+/// The composed twin of [`super::attention()`]: same arguments, results (up
 /// to rounding) and errors.
 pub fn attention_composed<T: Element>(
     q: &Var<T>,

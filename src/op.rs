@@ -75,7 +75,7 @@ saved_tuple!(0 A, 1 B, 2 C, 3 D);
 /// needs; nothing else is kept. `backward` returns one entry per input: the
 /// gradient for inputs with `needs[i]`, else `None`. A returned gradient may
 /// have the broadcast output shape; the tape sums it back to the input's
-/// shape in one place ([`crate::ops::reduce::kernel::sum_to_shape`]).
+/// shape in one place (`sum_to_shape` in `ops/reduce/kernel.rs`).
 ///
 /// The gradient graph is never cut silently: an op that cannot
 /// differentiate says so with [`Op::differentiable`] (then applying it to an

@@ -24,7 +24,7 @@
 //! dk_j += scale ds_ij q_i
 //! ```
 //!
-//! The readable reference is [`attention_composed`]
+//! The readable reference is [`attention_composed`](crate::ops::attention_composed)
 //! (`ops/attention_composed.rs`): the same math as `matmul`, `scalar_mul`,
 //! `masked_fill`, `softmax`, `matmul` nodes, whose chain rule the tape
 //! applies; the tests check the two against each other and against finite

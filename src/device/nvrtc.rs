@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 /// A kernel family: its name and CUDA C source. Each op family declares
 /// its own (`KERNELS` in its `cuda.rs`) beside its launchers; the host
-/// prepends [`COMMON`] to the source before compiling.
+/// prepends `kernels/common.cuh` to the source before compiling.
 #[derive(Debug)]
 pub struct Family {
     /// The family's name (its module in the kernel cache).

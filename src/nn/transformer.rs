@@ -320,7 +320,7 @@ impl<T: Element> Gpt<T> {
     }
 
     /// Logits `[batch, time, vocab]` for `ids` (`batch * time` tokens,
-    /// row-major), with parameters from `bound` (see [`Module::bind`]).
+    /// row-major), with parameters from `bound` (see [`Parameters::bind`](super::Parameters::bind)).
     /// Errors if `time` exceeds the context or a token is out of the
     /// vocabulary.
     pub fn forward_ids(
