@@ -52,7 +52,7 @@ use crate::layout::checked_numel;
 use crate::op::{Op, Saved, SavedItem};
 #[cfg(feature = "cuda")]
 use crate::ops::norm::cuda::gpu_side;
-use crate::ops::norm::{cpu_side, record, NormKind, NormSpec};
+use crate::ops::norm::{cpu_side, nodes, record, Nodes, NormSpec};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 use num_traits::{Float, Zero};
@@ -358,11 +358,14 @@ pub fn layer_norm_nd<T: Element>(
         has_gamma: gamma.is_some(),
         has_beta: beta.is_some(),
     };
-    record(NormKind::Layer, spec, &inputs)
+    record(&NODES, spec, &inputs)
 }
 
+/// LayerNorm's nodes for each element type, compiled here.
+static NODES: Nodes = nodes!(node);
+
 /// The LayerNorm node of a checked `spec`, for one concrete `T` (through
-/// `ops::norm::record`, so that it is compiled once, in this crate).
+/// [`NODES`], so that it is compiled once, in this crate).
 pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let ln = LayerNorm {
         normalized: spec.normalized.clone(),

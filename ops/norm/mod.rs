@@ -1,6 +1,7 @@
 //! What the fused LayerNorm and RMSNorm share: [`record`], through which
-//! every element type records their tape nodes (built once per concrete
-//! type, here), and the CPU row helpers of both kernels ([`cpu_rows`]).
+//! every element type records their tape nodes (each norm's [`Nodes`],
+//! built once per concrete type by [`nodes!`]), and the CPU row helpers of
+//! both kernels ([`cpu_rows`]).
 
 pub(crate) mod cpu_rows;
 #[cfg(feature = "cuda")]
@@ -23,53 +24,82 @@ pub struct NormSpec {
     pub(crate) has_beta: bool,
 }
 
-/// Which fused norm a node is: LayerNorm subtracts the mean and adds beta,
-/// RMSNorm does neither.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NormKind {
-    /// `ops/layer_norm`.
-    Layer,
-    /// `ops/rms_norm` (`spec.has_beta` is false).
-    Rms,
-}
-
 /// A fused norm's tape node for one concrete element type.
-type NodeFn<U> = fn(NormKind, NormSpec, &[&Var<U>]) -> Result<Var<U>>;
+pub(crate) type NodeFn<U> = fn(NormSpec, &[&Var<U>]) -> Result<Var<U>>;
 
-/// The nodes of a concrete type, built here and only here: a plain fn is
-/// compiled once, in this crate, with every SIMD build of its kernels.
-/// Called through generic code instead, they would be compiled again in
-/// every crate that runs an op (each test binary and example), since
+/// A fused norm's nodes, one plain (non-generic) function per element
+/// type, which [`nodes!`] writes in the norm's own module. A plain fn is
+/// compiled once, in this crate, with every SIMD build of its kernels;
+/// called through generic code instead, the nodes would be compiled again
+/// in every crate that runs an op (each test binary and example), since
 /// optimized builds do not share generic instances across crates.
-macro_rules! concrete_nodes {
-    ($($name:ident: $t:ty),*) => {$(
-        #[inline(never)]
-        fn $name(kind: NormKind, spec: NormSpec, inputs: &[&Var<$t>]) -> Result<Var<$t>> {
-            match kind {
-                NormKind::Layer => crate::ops::layer_norm::node(spec, inputs),
-                NormKind::Rms => crate::ops::rms_norm::node(spec, inputs),
-            }
-        }
-    )*};
+pub(crate) struct Nodes {
+    pub(crate) f32: NodeFn<f32>,
+    pub(crate) f64: NodeFn<f64>,
+    pub(crate) f16: NodeFn<half::f16>,
+    pub(crate) bf16: NodeFn<half::bf16>,
+    #[cfg(feature = "probes")]
+    pub(crate) counted: NodeFn<crate::probes::counted::Counted>,
 }
-concrete_nodes!(node_f32: f32, node_f64: f64, node_f16: half::f16, node_bf16: half::bf16);
-#[cfg(feature = "probes")]
-concrete_nodes!(node_counted: crate::probes::counted::Counted);
 
-/// Records the fused norm node of a checked `spec`: `T`'s [`DType`] picks
-/// the concrete node, and the Vars pass through it unchanged.
+/// The [`Nodes`] of the generic node function `$node`, instantiated here
+/// for each concrete element type.
+macro_rules! nodes {
+    ($node:path) => {{
+        use $crate::error::Result;
+        use $crate::ops::norm::NormSpec;
+        use $crate::tape::Var;
+        #[inline(never)]
+        fn f32_(s: NormSpec, i: &[&Var<f32>]) -> Result<Var<f32>> {
+            $node(s, i)
+        }
+        #[inline(never)]
+        fn f64_(s: NormSpec, i: &[&Var<f64>]) -> Result<Var<f64>> {
+            $node(s, i)
+        }
+        #[inline(never)]
+        fn f16_(s: NormSpec, i: &[&Var<half::f16>]) -> Result<Var<half::f16>> {
+            $node(s, i)
+        }
+        #[inline(never)]
+        fn bf16_(s: NormSpec, i: &[&Var<half::bf16>]) -> Result<Var<half::bf16>> {
+            $node(s, i)
+        }
+        #[cfg(feature = "probes")]
+        #[inline(never)]
+        fn counted_(
+            s: NormSpec,
+            i: &[&Var<$crate::probes::counted::Counted>],
+        ) -> Result<Var<$crate::probes::counted::Counted>> {
+            $node(s, i)
+        }
+        $crate::ops::norm::Nodes {
+            f32: f32_,
+            f64: f64_,
+            f16: f16_,
+            bf16: bf16_,
+            #[cfg(feature = "probes")]
+            counted: counted_,
+        }
+    }};
+}
+pub(crate) use nodes;
+
+/// Records the fused norm node of a checked `spec` through `nodes`: `T`'s
+/// [`DType`] picks the concrete node, and the Vars pass through it
+/// unchanged.
 pub(crate) fn record<T: Element>(
-    kind: NormKind,
+    nodes: &Nodes,
     spec: NormSpec,
     inputs: &[&Var<T>],
 ) -> Result<Var<T>> {
     match T::DTYPE {
-        DType::F32 => via(node_f32, kind, spec, inputs),
-        DType::F64 => via(node_f64, kind, spec, inputs),
-        DType::F16 => via(node_f16, kind, spec, inputs),
-        DType::BF16 => via(node_bf16, kind, spec, inputs),
+        DType::F32 => via(nodes.f32, spec, inputs),
+        DType::F64 => via(nodes.f64, spec, inputs),
+        DType::F16 => via(nodes.f16, spec, inputs),
+        DType::BF16 => via(nodes.bf16, spec, inputs),
         #[cfg(feature = "probes")]
-        DType::Probe => via(node_counted, kind, spec, inputs),
+        DType::Probe => via(nodes.counted, spec, inputs),
         #[cfg(not(feature = "probes"))]
         DType::Probe => Err(unknown::<T>()),
     }
@@ -78,7 +108,6 @@ pub(crate) fn record<T: Element>(
 /// `node` on `inputs` seen as `Var<U>`, the type `T` is.
 fn via<T: Element, U: Element>(
     node: NodeFn<U>,
-    kind: NormKind,
     spec: NormSpec,
     inputs: &[&Var<T>],
 ) -> Result<Var<T>> {
@@ -87,7 +116,7 @@ fn via<T: Element, U: Element>(
         let any: &dyn Any = *v;
         same.push(any.downcast_ref::<Var<U>>().ok_or_else(unknown::<T>)?);
     }
-    let out: Box<dyn Any> = Box::new(node(kind, spec, &same)?);
+    let out: Box<dyn Any> = Box::new(node(spec, &same)?);
     out.downcast::<Var<T>>()
         .map(|v| *v)
         .map_err(|_| unknown::<T>())

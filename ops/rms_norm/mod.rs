@@ -32,7 +32,7 @@ use crate::ops::layer_norm::{check_eps, check_param, input, last_axis, no_stats,
 use crate::ops::norm::cpu_side;
 #[cfg(feature = "cuda")]
 use crate::ops::norm::cuda::gpu_side;
-use crate::ops::norm::{record, NormKind, NormSpec};
+use crate::ops::norm::{nodes, record, Nodes, NormSpec};
 use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
 
@@ -199,11 +199,14 @@ pub fn rms_norm_nd<T: Element>(
         has_gamma: gamma.is_some(),
         has_beta: false,
     };
-    record(NormKind::Rms, spec, &inputs)
+    record(&NODES, spec, &inputs)
 }
 
+/// RMSNorm's nodes for each element type, compiled here.
+static NODES: Nodes = nodes!(node);
+
 /// The RMSNorm node of a checked `spec`, for one concrete `T` (through
-/// `ops::norm::record`, so that it is compiled once, in this crate).
+/// [`NODES`], so that it is compiled once, in this crate).
 pub(crate) fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let op = RmsNorm {
         normalized: spec.normalized.clone(),
