@@ -18,33 +18,28 @@ pub(crate) mod reduce;
 mod shape;
 mod softmax;
 
-pub mod layer_norm;
-mod layer_norm_composed;
 pub(crate) mod norm;
-pub mod rms_norm;
-mod rms_norm_composed;
 
 pub use attention::{attention, attention_qkv};
 pub use attention_composed::*;
 pub use dropout::*;
 pub use elementwise::*;
 pub use embedding::*;
-pub use layer_norm::*;
-pub use layer_norm_composed::*;
 pub use loss::*;
 pub use masked_fill::*;
 pub use matmul::*;
+pub use norm::{layer_norm, layer_norm_nd, rms_norm, rms_norm_nd};
+pub use norm::{
+    layer_norm_composed, layer_norm_composed_nd, rms_norm_composed, rms_norm_composed_nd,
+};
 pub use reduce::*;
-pub use rms_norm::*;
-pub use rms_norm_composed::*;
 pub use shape::*;
 pub use softmax::*;
 
 /// The op families' CUDA kernels, each declared beside its launchers.
 #[cfg(feature = "cuda")]
-pub(crate) const KERNELS: [&crate::device::Family; 11] = [
-    &layer_norm::KERNELS,
-    &rms_norm::KERNELS,
+pub(crate) const KERNELS: [&crate::device::Family; 10] = [
+    &norm::KERNELS,
     &elementwise::KERNELS,
     &reduce::KERNELS,
     &softmax::KERNELS,

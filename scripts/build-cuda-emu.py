@@ -27,10 +27,7 @@ FLAGS = ["-std=c++17", "-O2", "-fPIC", "-ffp-contract=off", "-g0", "-Wall",
 
 def family_headers(name):
     """The text the host places before a family's file (src/device/nvrtc.rs)."""
-    heads = ["common.cuh"]
-    if name in ("layer_norm", "rms_norm"):
-        heads.append("norm_core.cuh")
-    return heads + [name + ".cu"]
+    return ["common.cuh", name + ".cu"]
 
 
 def kernel_names(name, files):

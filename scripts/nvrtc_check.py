@@ -32,10 +32,7 @@ def main():
     bad = False
     print(f"{'kernel':<36} {'arch':>5} {'regs':>5} {'smem':>6} {'spill':>6}")
     for f in files:
-        core = ""
-        if os.path.basename(f) in ("layer_norm.cu", "rms_norm.cu"):
-            core = open(os.path.join(root, "kernels/norm_core.cuh")).read()
-        src = common + "\n" + core + open(f).read()
+        src = common + "\n" + open(f).read()
         for arch in (80, 90):
             rc, log = compile_one(os.path.basename(f), src, arch)
             if rc != 0:

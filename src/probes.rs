@@ -8,7 +8,7 @@ pub use crate::device::cpu::{
 };
 pub use crate::device::pool::{fresh, set_enabled as set_pool_enabled, set_huge_pages};
 pub use crate::layout::{alloc, checked_numel};
-pub use crate::ops::layer_norm::cpu::tuning::{
+pub use crate::ops::norm::cpu::tuning::{
     backward_pairs, reset_switches, set_backward_pairs, set_interleaved_partials, set_lockstep,
     set_long_fwd_tasks, set_narrow_lanes, set_overlap, set_paired_partials, set_segmented,
     set_stats_first,
@@ -35,7 +35,7 @@ pub mod profile {
 
 /// Row groups the CPU norm kernels split `n` rows of `d` into.
 pub fn norm_groups(n: usize, d: usize) -> usize {
-    crate::ops::norm::cpu_rows::groups(n, d)
+    crate::ops::norm::cpu::rows::groups(n, d)
 }
 
 /// `out = a @ b` by the CPU kernel `ops::matmul` runs.

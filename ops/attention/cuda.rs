@@ -6,11 +6,11 @@
 //! (batch, head); the launch geometry depends on the shape alone.
 
 use super::Geometry;
+use crate::device::cuda::addr;
 use crate::device::cuda::{cfg, launch, Gpu};
 use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::ops::norm::cuda::addr;
 use crate::tensor::{CudaBuf, Tensor};
 
 /// This family's CUDA C (`kernels/attention.cu`).

@@ -1,11 +1,22 @@
-//! What the fused norms' GPU launchers share: the launch geometry of
-//! `kernels/layer_norm.cu` and `kernels/rms_norm.cu` (the host's rule in
-//! their headers), and reading gamma/beta as device buffers.
+//! The fused norms on a GPU (`kernels/norm.cu`): one forward kernel
+//! writing y and the statistics; a backward kernel writing dx and per-range
+//! dgamma/dbeta partials, then a finalize kernel adding the partials in a
+//! fixed order. The scaled fallback for extreme rows runs inside the
+//! kernels, so no call waits on the host. LayerNorm and RMSNorm launch the
+//! same core's two instantiations; RMSNorm's take no mean, beta or dbeta.
 
-use crate::device::cuda::NULL;
+use super::Grads;
+use crate::device::cuda::{addr, cfg, launch};
+use crate::device::Family;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{CudaBuf, Storage, Tensor};
+
+/// This family's CUDA C.
+pub(crate) static KERNELS: Family = Family {
+    name: "norm",
+    source: include_str!("../../kernels/norm.cu"),
+};
 
 /// Threads per row, threads per block, and rows per range for a launch
 /// over `n` rows of `d` elements of `T`, holding `nv` 16-byte chunks per
@@ -60,16 +71,136 @@ pub(crate) fn gpu_side<'a, T: Element>(
     }
 }
 
-/// The device address of an optional buffer, 0 (null) when absent: how
-/// the kernels take gamma, beta and outputs that are not wanted.
-pub(crate) fn addr<T: Element>(b: Option<&cudarc::driver::CudaSlice<T>>) -> u64 {
-    use cudarc::driver::DevicePtr;
-    match b {
-        // The stream's event tracking is off (one stream per device), so
-        // the guard returned with the address does nothing.
-        Some(b) => b.device_ptr(b.stream()).0,
-        None => NULL,
+/// The output and the saved statistics (mean for LayerNorm, rstd).
+type Forward<T> = (
+    Tensor<T>,
+    Option<Tensor<<T as Element>::Acc>>,
+    Tensor<<T as Element>::Acc>,
+);
+
+/// `y`, `mean` (if `centre`) and `rstd` of `x` (`n` rows of `d`), shaped
+/// like `x` and `[n]`.
+pub(crate) fn forward<T: Element>(
+    x: &CudaBuf<T>,
+    shape: &[usize],
+    d: usize,
+    (gamma, beta): (Option<&CudaBuf<T>>, Option<&CudaBuf<T>>),
+    eps: f64,
+    centre: bool,
+) -> Result<Forward<T>> {
+    let g = &x.gpu;
+    let n = x.len / d;
+    let mut y = g.uninit::<T>(x.len)?;
+    let mut mean = if centre {
+        Some(g.uninit::<T::Acc>(n)?)
+    } else {
+        None
+    };
+    let mut rstd = g.uninit::<T::Acc>(n)?;
+    let (tpr, block) = team::<T>(d, 8);
+    let r = forward_range(n);
+    let lc = cfg(grid(n.div_ceil(r), block / tpr), block, 0);
+    let ga = addr(gamma.map(|b| &b.data));
+    let geo = (n as i64, d as i64, tpr as i32, r as i64);
+    if let Some(mean) = mean.as_mut() {
+        let ba = addr(beta.map(|b| &b.data));
+        launch!(g, "layer_norm forward", g.function::<T>(&KERNELS, "layer_norm_fwd")?, lc;
+            &x.data, &ga, &ba, &mut y, mean, &mut rstd,
+            &geo.0, &geo.1, &geo.2, &geo.3, &eps)?;
+    } else {
+        launch!(g, "rms_norm forward", g.function::<T>(&KERNELS, "rms_norm_fwd")?, lc;
+            &x.data, &ga, &mut y, &mut rstd,
+            &geo.0, &geo.1, &geo.2, &geo.3, &eps)?;
     }
+    let stat = |b| Tensor::from_cuda(&[n], g.clone(), b);
+    Ok((
+        Tensor::from_cuda(shape, g.clone(), y)?,
+        mean.map(stat).transpose()?,
+        stat(rstd)?,
+    ))
+}
+
+/// The backward from `x`, `dy` and the saved statistics (`mean` is `None`
+/// for RMSNorm); `want` is `(dx, dgamma, dbeta)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<T: Element>(
+    x: &CudaBuf<T>,
+    dy: &CudaBuf<T>,
+    (shape, normalized): (&[usize], &[usize]),
+    d: usize,
+    gamma: Option<&CudaBuf<T>>,
+    (mean, rstd): (Option<&CudaBuf<T::Acc>>, &CudaBuf<T::Acc>),
+    eps: f64,
+    want: (bool, bool, bool),
+) -> Result<Grads<T>> {
+    let g = &x.gpu;
+    let n = x.len / d;
+    let centre = mean.is_some();
+    // Partial rows hold dgamma then (LayerNorm) dbeta terms.
+    let width = if centre { 2 * d } else { d };
+    let want_db = centre && want.2;
+    let (r, parts) = backward_ranges(n);
+    let mut dx = if want.0 {
+        Some(g.uninit::<T>(x.len)?)
+    } else {
+        None
+    };
+    let mut part = if want.1 || want_db {
+        Some(g.uninit::<T::Acc>(parts * width)?)
+    } else {
+        None
+    };
+    if n > 0 && (want.0 || part.is_some()) {
+        let (tpr, block) = team::<T>(d, 2);
+        let lc = cfg(grid(parts, block / tpr), block, 0);
+        let ga = addr(gamma.map(|b| &b.data));
+        let (dxa, pa) = (addr(dx.as_ref()), addr(part.as_ref()));
+        let geo = (n as i64, d as i64, tpr as i32, r as i64);
+        if let Some(mean) = mean {
+            launch!(g, "layer_norm backward", g.function::<T>(&KERNELS, "layer_norm_bwd")?, lc;
+                &x.data, &dy.data, &ga, &mean.data, &rstd.data, &dxa, &pa,
+                &geo.0, &geo.1, &geo.2, &geo.3, &eps)?;
+        } else {
+            launch!(g, "rms_norm backward", g.function::<T>(&KERNELS, "rms_norm_bwd")?, lc;
+                &x.data, &dy.data, &ga, &rstd.data, &dxa, &pa,
+                &geo.0, &geo.1, &geo.2, &geo.3, &eps)?;
+        }
+    }
+    let (mut dgamma, mut dbeta) = (None, None);
+    if let Some(part) = part.as_mut() {
+        let mut dg = if want.1 {
+            Some(g.uninit::<T>(d)?)
+        } else {
+            None
+        };
+        let mut db = if want_db {
+            Some(g.uninit::<T>(d)?)
+        } else {
+            None
+        };
+        let (dga, dba) = (addr(dg.as_ref()), addr(db.as_ref()));
+        let np = if n > 0 { parts } else { 0 };
+        let lc = cfg(width.div_ceil(32).clamp(1, 65_535) as u32, 256, 0);
+        if centre {
+            launch!(g, "layer_norm backward",
+                g.function::<T>(&KERNELS, "layer_norm_bwd_finalize")?, lc;
+                &*part, &dga, &dba, &(np as i64), &(d as i64))?;
+        } else {
+            launch!(g, "rms_norm backward", g.function::<T>(&KERNELS, "rms_norm_bwd_finalize")?, lc;
+                &*part, &dga, &(np as i64), &(d as i64))?;
+        }
+        let param = |b| Tensor::from_cuda(normalized, g.clone(), b);
+        dgamma = dg.take().map(param).transpose()?;
+        dbeta = db.take().map(param).transpose()?;
+    }
+    Ok(Grads {
+        dx: dx
+            .take()
+            .map(|b| Tensor::from_cuda(shape, g.clone(), b))
+            .transpose()?,
+        dgamma,
+        dbeta,
+    })
 }
 
 #[cfg(test)]

@@ -1,22 +1,79 @@
-//! What the fused LayerNorm and RMSNorm share: [`record`], through which
-//! every element type records their tape nodes (each norm's [`Nodes`],
-//! built once per concrete type by [`nodes!`]), and the CPU row helpers of
-//! both kernels ([`cpu_rows`]).
+//! The fused norms, LayerNorm and RMSNorm: one op, one saved state and one
+//! chain rule, parameterised by `centre` (whether a row's mean is
+//! subtracted and `beta` added). One tape node each, with per-row
+//! statistics as the only saved state.
+//!
+//! For each row `x` of `D` elements (the trailing `normalized_shape` dims),
+//! with `mean = 0` and no `beta` for RMSNorm:
+//!
+//! ```text
+//! mean = sum(x) / D                       (LayerNorm: pass 1, shifted by x[0])
+//! var  = sum((x - mean)^2) / D            (pass 2, never E[x^2] - E[x]^2)
+//! rstd = 1 / sqrt(var + eps)
+//! xhat = (x - mean) * rstd
+//! y    = xhat * gamma + beta
+//! ```
+//!
+//! Backward, with `g = dy * gamma` and row means `<.>` over the D elements
+//! (no `<g>` term for RMSNorm, whose mean does not move with `x`):
+//!
+//! ```text
+//! dx     = rstd * (g - <g> - xhat * <g * xhat>)
+//! dgamma = sum over rows of dy * xhat
+//! dbeta  = sum over rows of dy
+//! ```
+//!
+//! (docs/layernorm.md derives this from the step-by-step chain rule.) The
+//! state is `x` and `gamma` (shared handles to tensors the graph holds
+//! anyway) plus `rstd` and, for LayerNorm, `mean`: N numbers each in
+//! `T::Acc` on `x`'s device. `xhat` is recomputed in backward.
+//!
+//! NaN follows IEEE arithmetic row by row: a NaN (or infinity) in one row
+//! makes that row's `y` and `dx` NaN and leaves every other row alone;
+//! `dgamma` sums `dy * xhat` over rows, so it becomes NaN, while `dbeta`
+//! (a sum of `dy` only) stays finite, as in PyTorch.
+//!
+//! Finite rows of any magnitude stay finite and accurate: rows the kernel's
+//! arithmetic cannot represent (spread past ~1.8e19 in f32, or statistics
+//! lost to subnormals) are recomputed by the scaled fallback in
+//! `scaled.rs`, and then the node's backward runs there too. The kernel
+//! raises a flag when some row's statistics are out of its trusted range,
+//! and only then are rows looked for (so a device kernel's statistics need
+//! not come back to the host on the common path).
+//!
+//! Files: this one holds the argument checks, the op, its state and the
+//! public fns; `nodes.rs` records a node through a per-type function
+//! compiled here; `cpu.rs` (and `cpu/`) the host kernels, `cuda.rs` the
+//! GPU launchers of `kernels/norm.cu`, `scaled.rs` the fallback,
+//! `composed.rs` the twin built from primitive ops and `twin.rs` what the
+//! shadow check runs beside a fused node.
 
-pub(crate) mod cpu_rows;
+mod composed;
+pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
-pub(crate) mod cuda;
+mod cuda;
+mod nodes;
+pub(crate) mod scaled;
 pub(crate) mod twin;
 
-use crate::dtype::{DType, Element};
+pub use composed::*;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::KERNELS;
+
+use crate::device::pool::Buffer;
+use crate::dtype::{Accum, Element};
 use crate::error::{Error, Result};
-use crate::tape::Var;
+use crate::layout::checked_numel;
+use crate::op::{Op, Saved, SavedItem};
+use crate::tape::{Tape, Var};
 use crate::tensor::{Storage, Tensor};
-use std::any::Any;
+use num_traits::{Float, Zero};
 
 /// A fused norm node as the public fns checked it: inputs `[x, gamma?,
-/// beta?]` normalized over `normalized` (`d` elements per row).
+/// beta?]` normalized over `normalized` (`d` elements per row), centred
+/// (LayerNorm) or not (RMSNorm, never with a beta).
 pub struct NormSpec {
+    pub(crate) centre: bool,
     pub(crate) normalized: Vec<usize>,
     pub(crate) d: usize,
     pub(crate) eps: f64,
@@ -24,134 +81,390 @@ pub struct NormSpec {
     pub(crate) has_beta: bool,
 }
 
-/// A fused norm's tape node for one concrete element type.
-pub(crate) type NodeFn<U> = fn(NormSpec, &[&Var<U>]) -> Result<Var<U>>;
-
-/// A fused norm's nodes, one plain (non-generic) function per element
-/// type, which [`nodes!`] writes in the norm's own module. A plain fn is
-/// compiled once, in this crate, with every SIMD build of its kernels;
-/// called through generic code instead, the nodes would be compiled again
-/// in every crate that runs an op (each test binary and example), since
-/// optimized builds do not share generic instances across crates.
-pub(crate) struct Nodes {
-    pub(crate) f32: NodeFn<f32>,
-    pub(crate) f64: NodeFn<f64>,
-    pub(crate) f16: NodeFn<half::f16>,
-    pub(crate) bf16: NodeFn<half::bf16>,
-    #[cfg(feature = "probes")]
-    pub(crate) counted: NodeFn<crate::probes::counted::Counted>,
-}
-
-/// The [`Nodes`] of the generic node function `$node`, instantiated here
-/// for each concrete element type.
-macro_rules! nodes {
-    ($node:path) => {{
-        use $crate::error::Result;
-        use $crate::ops::norm::NormSpec;
-        use $crate::tape::Var;
-        #[inline(never)]
-        fn f32_(s: NormSpec, i: &[&Var<f32>]) -> Result<Var<f32>> {
-            $node(s, i)
-        }
-        #[inline(never)]
-        fn f64_(s: NormSpec, i: &[&Var<f64>]) -> Result<Var<f64>> {
-            $node(s, i)
-        }
-        #[inline(never)]
-        fn f16_(s: NormSpec, i: &[&Var<half::f16>]) -> Result<Var<half::f16>> {
-            $node(s, i)
-        }
-        #[inline(never)]
-        fn bf16_(s: NormSpec, i: &[&Var<half::bf16>]) -> Result<Var<half::bf16>> {
-            $node(s, i)
-        }
-        #[cfg(feature = "probes")]
-        #[inline(never)]
-        fn counted_(
-            s: NormSpec,
-            i: &[&Var<$crate::probes::counted::Counted>],
-        ) -> Result<Var<$crate::probes::counted::Counted>> {
-            $node(s, i)
-        }
-        $crate::ops::norm::Nodes {
-            f32: f32_,
-            f64: f64_,
-            f16: f16_,
-            bf16: bf16_,
-            #[cfg(feature = "probes")]
-            counted: counted_,
-        }
-    }};
-}
-pub(crate) use nodes;
-
-/// Records the fused norm node of a checked `spec` through `nodes`: `T`'s
-/// [`DType`] picks the concrete node, and the Vars pass through it
-/// unchanged.
-pub(crate) fn record<T: Element>(
-    nodes: &Nodes,
-    spec: NormSpec,
-    inputs: &[&Var<T>],
-) -> Result<Var<T>> {
-    match T::DTYPE {
-        DType::F32 => via(nodes.f32, spec, inputs),
-        DType::F64 => via(nodes.f64, spec, inputs),
-        DType::F16 => via(nodes.f16, spec, inputs),
-        DType::BF16 => via(nodes.bf16, spec, inputs),
-        #[cfg(feature = "probes")]
-        DType::Probe => via(nodes.counted, spec, inputs),
-        #[cfg(not(feature = "probes"))]
-        DType::Probe => Err(unknown::<T>()),
+/// `eps` checked and converted to the accumulation type: it must be finite
+/// and `> 0`, and stay so when rounded to `T::Acc` (e.g. `1e-50` is 0 in f32).
+pub(crate) fn check_eps<T: Element>(op: &'static str, eps: f64) -> Result<T::Acc> {
+    let a = <T::Acc as Accum>::of(eps);
+    if eps.is_finite() && eps > 0.0 && a.is_finite() && a > T::Acc::zero() {
+        Ok(a)
+    } else {
+        Err(Error::BadEps { op, eps })
     }
 }
 
-/// `node` on `inputs` seen as `Var<U>`, the type `T` is.
-fn via<T: Element, U: Element>(
-    node: NodeFn<U>,
-    spec: NormSpec,
-    inputs: &[&Var<T>],
-) -> Result<Var<T>> {
-    let mut same: Vec<&Var<U>> = Vec::with_capacity(inputs.len());
-    for v in inputs {
-        let any: &dyn Any = *v;
-        same.push(any.downcast_ref::<Var<U>>().ok_or_else(unknown::<T>)?);
+/// Rows and row length `(N, D)` of normalizing `x_shape` over its trailing
+/// `normalized` dims. Errors: `EmptyNormalized` for an empty list or a zero
+/// dim, `NormalizedShape` when they are not `x_shape`'s trailing dims,
+/// `ShapeTooLarge` when `D` exceeds `isize::MAX` (no such row can exist).
+pub(crate) fn rows_and_len(
+    op: &'static str,
+    x_shape: &[usize],
+    normalized: &[usize],
+) -> Result<(usize, usize)> {
+    if normalized.is_empty() || normalized.contains(&0) {
+        return Err(Error::EmptyNormalized {
+            op,
+            input: x_shape.to_vec(),
+            normalized: normalized.to_vec(),
+        });
     }
-    let out: Box<dyn Any> = Box::new(node(spec, &same)?);
-    out.downcast::<Var<T>>()
-        .map(|v| *v)
-        .map_err(|_| unknown::<T>())
+    if normalized.len() > x_shape.len() || !x_shape.ends_with(normalized) {
+        return Err(Error::NormalizedShape {
+            op,
+            input: x_shape.to_vec(),
+            normalized: normalized.to_vec(),
+        });
+    }
+    let too_large = |_| Error::ShapeTooLarge {
+        op,
+        shape: x_shape.to_vec(),
+    };
+    // A zero leading dim means no rows, whatever the other dims are.
+    let d = checked_numel(op, normalized, 1).map_err(too_large)?;
+    let lead = &x_shape[..x_shape.len() - normalized.len()];
+    let n = checked_numel(op, lead, 1).map_err(too_large)?;
+    Ok((n, d))
 }
 
-/// The error for an element type without fused norm kernels (none of the
-/// public types: `Element` is sealed).
-fn unknown<T: Element>() -> Error {
-    Error::InvalidArgument {
-        op: "fused norm",
-        msg: format!("no fused norm kernels for element type {}", T::NAME),
+/// The normalized shape of the last-axis variants: `[x_shape.last()]`, or
+/// `EmptyNormalized` for a rank-0 input.
+pub(crate) fn last_axis(op: &'static str, x_shape: &[usize]) -> Result<Vec<usize>> {
+    match x_shape.last() {
+        Some(&d) => Ok(vec![d]),
+        None => Err(Error::EmptyNormalized {
+            op,
+            input: vec![],
+            normalized: vec![],
+        }),
     }
+}
+
+/// A gamma or beta must have exactly the normalized shape. `what` names the
+/// parameter in the error, e.g. `"layer_norm: gamma"`.
+pub(crate) fn check_param<T: Element>(
+    what: &'static str,
+    p: Option<&Var<T>>,
+    normalized: &[usize],
+) -> Result<()> {
+    match p {
+        Some(p) if p.shape() != normalized => Err(Error::ShapeMismatch {
+            op: what,
+            lhs: p.shape().to_vec(),
+            rhs: normalized.to_vec(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The fused norm op; inputs `[x, gamma?, beta?]`.
+struct Norm<A> {
+    centre: bool,
+    normalized: Vec<usize>,
+    d: usize,
+    eps: A,
+    has_gamma: bool,
+    has_beta: bool,
+}
+
+/// What the fused backward keeps: N values of `rstd` and, for LayerNorm, N
+/// of `mean` (tensors of `[N]` on `x`'s device), plus handles to `x` and
+/// `gamma` (no copies).
+pub(crate) struct NormState<T: Element> {
+    x: Tensor<T>,
+    gamma: Option<Tensor<T>>,
+    mean: Option<Tensor<T::Acc>>,
+    rstd: Tensor<T::Acc>,
+    /// Some row took the scaled fallback: backward runs there.
+    scaled: bool,
+}
+
+impl<T: Element> Saved for NormState<T> {
+    fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
+        self.x.visit(f);
+        self.gamma.visit(f);
+        self.mean.visit(f);
+        self.rstd.visit(f);
+    }
+}
+
+/// The gradients of a backward: dx, dgamma and dbeta, each where wanted.
+pub(crate) struct Grads<T: Element> {
+    pub(crate) dx: Option<Tensor<T>>,
+    pub(crate) dgamma: Option<Tensor<T>>,
+    pub(crate) dbeta: Option<Tensor<T>>,
+}
+
+/// Empty statistics for an input with no rows.
+fn no_stats<A: Element>() -> Result<Tensor<A>> {
+    Tensor::from_buffer(&[0], Buffer::default())
+}
+
+/// The input at `i` or an error (inputs are built by this module, so this
+/// only guards against misuse of the op from inside the crate).
+fn input<'a, T: Element>(
+    op: &'static str,
+    inputs: &[&'a Tensor<T>],
+    i: usize,
+) -> Result<&'a Tensor<T>> {
+    inputs
+        .get(i)
+        .copied()
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            msg: format!("expected input {i}, got {} inputs", inputs.len()),
+        })
 }
 
 /// The host elements of a side input (gamma, beta) of a norm whose `x` is
 /// on the CPU; `DeviceMismatch` if it lives elsewhere.
-pub(crate) fn cpu_side<'a, T: Element>(
-    x: &Tensor<T>,
-    t: Option<&'a Tensor<T>>,
-) -> Result<Option<&'a [T]>> {
+fn cpu_side<'a, T: Element>(x: &Tensor<T>, t: Option<&'a Tensor<T>>) -> Result<Option<&'a [T]>> {
     let Some(t) = t else { return Ok(None) };
-    if t.device() != x.device() {
-        return Err(Error::DeviceMismatch {
-            op: "norm",
-            lhs: x.device().to_string(),
-            rhs: t.device().to_string(),
-        });
-    }
     match t.storage() {
-        Storage::Cpu(b) => Ok(Some(&b[..])),
-        #[cfg(feature = "cuda")]
-        Storage::Cuda(_) => Err(Error::DeviceMismatch {
+        Storage::Cpu(b) if t.device() == x.device() => Ok(Some(&b[..])),
+        _ => Err(Error::DeviceMismatch {
             op: "norm",
             lhs: x.device().to_string(),
             rhs: t.device().to_string(),
         }),
     }
+}
+
+impl<T: Element> Op<T> for Norm<T::Acc> {
+    type State = NormState<T>;
+
+    fn name(&self) -> &'static str {
+        if self.centre {
+            "layer_norm"
+        } else {
+            "rms_norm"
+        }
+    }
+
+    fn forward(&self, inputs: &[&Tensor<T>]) -> Result<(Tensor<T>, Self::State)> {
+        let op = Op::<T>::name(self);
+        let x = input(op, inputs, 0)?;
+        let gamma = self.has_gamma.then(|| input(op, inputs, 1)).transpose()?;
+        let beta = self
+            .has_beta
+            .then(|| input(op, inputs, 1 + self.has_gamma as usize))
+            .transpose()?;
+        for p in gamma.iter().chain(beta.iter()) {
+            if p.shape() != self.normalized {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    lhs: p.shape().to_vec(),
+                    rhs: self.normalized.clone(),
+                });
+            }
+        }
+        let state = |mean, rstd, scaled| NormState {
+            x: x.clone(),
+            gamma: gamma.cloned(),
+            mean,
+            rstd,
+            scaled,
+        };
+        // No rows: nothing to compute (and `d` may be huge).
+        if x.numel() == 0 {
+            let none = || no_stats()?.to_device(x.device());
+            let mean = self.centre.then(none).transpose()?;
+            return Ok((x.clone(), state(mean, none()?, false)));
+        }
+        match x.storage() {
+            Storage::Cpu(xs) => {
+                let (gs, bs) = (cpu_side(x, gamma)?, cpu_side(x, beta)?);
+                let f = cpu::forward_checked(xs, self.d, gs, bs, self.eps, self.centre);
+                let n = [f.rstd.len()];
+                let mean = self
+                    .centre
+                    .then(|| Tensor::from_buffer(&n, f.mean))
+                    .transpose()?;
+                let rstd = Tensor::from_buffer(&n, f.rstd)?;
+                let y = Tensor::from_buffer(x.shape(), f.y)?;
+                Ok((y, state(mean, rstd, f.scaled)))
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(xs) => {
+                use cuda::gpu_side;
+                let (gs, bs) = (gpu_side(x, gamma)?, gpu_side(x, beta)?);
+                let eps = self.eps.f64();
+                let (y, mean, rstd) =
+                    cuda::forward(xs, x.shape(), self.d, (gs, bs), eps, self.centre)?;
+                // The scaled fallback runs inside the kernels, row by row.
+                Ok((y, state(mean, rstd, false)))
+            }
+        }
+    }
+
+    /// See the module doc for the formulas; `needs` is `[x, gamma?, beta?]`.
+    fn backward(
+        &self,
+        s: &Self::State,
+        grad: &Tensor<T>,
+        needs: &[bool],
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+        let want_dg = self.has_gamma && need(1);
+        let want_db = self.has_beta && need(1 + self.has_gamma as usize);
+        let op = if self.centre {
+            "layer_norm backward"
+        } else {
+            "rms_norm backward"
+        };
+        if grad.shape() != s.x.shape() {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: grad.shape().to_vec(),
+                rhs: s.x.shape().to_vec(),
+            });
+        }
+        let want = (need(0), want_dg, want_db);
+        #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+        let mismatch = || Error::DeviceMismatch {
+            op,
+            lhs: s.x.device().to_string(),
+            rhs: grad.device().to_string(),
+        };
+        let g = match (s.x.storage(), grad.storage(), s.rstd.storage()) {
+            (Storage::Cpu(xs), Storage::Cpu(dy), Storage::Cpu(r)) => {
+                let m = match s.mean.as_ref().map(Tensor::storage) {
+                    Some(Storage::Cpu(m)) => Some(&m[..]),
+                    None => None,
+                    #[cfg(feature = "cuda")]
+                    Some(_) => return Err(mismatch()),
+                };
+                let gs = cpu_side(&s.x, s.gamma.as_ref())?;
+                let stats = (m, &r[..]);
+                let eps = self.eps;
+                let o = cpu::backward_checked(xs, dy, self.d, gs, stats, s.scaled, eps, want);
+                let shaped = |v: Option<Buffer<T>>, shape: &[usize]| {
+                    v.map(|v| Tensor::from_buffer(shape, v)).transpose()
+                };
+                Grads {
+                    dx: shaped(o.dx, s.x.shape())?,
+                    dgamma: shaped(o.dgamma, &self.normalized)?,
+                    dbeta: shaped(o.dbeta, &self.normalized)?,
+                }
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(xs), Storage::Cuda(dy), Storage::Cuda(r)) => {
+                let m = match s.mean.as_ref().map(Tensor::storage) {
+                    Some(Storage::Cuda(m)) => Some(m),
+                    None => None,
+                    Some(_) => return Err(mismatch()),
+                };
+                let gs = cuda::gpu_side(&s.x, s.gamma.as_ref())?;
+                let shapes = (s.x.shape(), &self.normalized[..]);
+                let eps = self.eps.f64();
+                cuda::backward(xs, dy, shapes, self.d, gs, (m, r), eps, want)?
+            }
+            #[cfg(feature = "cuda")]
+            _ => return Err(mismatch()),
+        };
+        let mut grads = vec![g.dx];
+        if self.has_gamma {
+            grads.push(g.dgamma);
+        }
+        if self.has_beta {
+            grads.push(g.dbeta);
+        }
+        Ok(grads)
+    }
+}
+
+/// Fused LayerNorm over the last axis of `x`; `gamma` and `beta` (optional)
+/// have shape `[x.shape().last()]`. See [`layer_norm_nd`].
+pub fn layer_norm<T: Element>(
+    x: &Var<T>,
+    gamma: Option<&Var<T>>,
+    beta: Option<&Var<T>>,
+    eps: f64,
+) -> Result<Var<T>> {
+    let normalized = last_axis("layer_norm", x.shape())?;
+    layer_norm_nd(x, &normalized, gamma, beta, eps)
+}
+
+/// Fused LayerNorm over the trailing dims `normalized_shape` of `x` (as in
+/// PyTorch); `gamma` and `beta` (optional) have shape `normalized_shape`.
+///
+/// One tape node that saves 2N statistics in `T::Acc` (f32 for f16/bf16).
+/// Errors: `BadEps` unless `eps` is finite and `> 0`; `EmptyNormalized` for
+/// an empty `normalized_shape` or a zero in it; `NormalizedShape` if it is
+/// not the trailing dims of `x`; `ShapeTooLarge` if it has more than
+/// `isize::MAX` elements; `ShapeMismatch` for a gamma/beta of another
+/// shape. Zero rows (`N = 0`) are fine: an empty output, zero dgamma/dbeta.
+pub fn layer_norm_nd<T: Element>(
+    x: &Var<T>,
+    normalized_shape: &[usize],
+    gamma: Option<&Var<T>>,
+    beta: Option<&Var<T>>,
+    eps: f64,
+) -> Result<Var<T>> {
+    norm_nd(true, x, normalized_shape, gamma, beta, eps)
+}
+
+/// Fused RMSNorm over the last axis of `x`; `gamma` (optional) has shape
+/// `[x.shape().last()]`. See [`rms_norm_nd`].
+pub fn rms_norm<T: Element>(x: &Var<T>, gamma: Option<&Var<T>>, eps: f64) -> Result<Var<T>> {
+    let normalized = last_axis("rms_norm", x.shape())?;
+    rms_norm_nd(x, &normalized, gamma, eps)
+}
+
+/// Fused RMSNorm over the trailing dims `normalized_shape` of `x`; `gamma`
+/// (optional) has shape `normalized_shape`. One tape node saving N values
+/// in `T::Acc`. Errors as for [`layer_norm_nd`].
+pub fn rms_norm_nd<T: Element>(
+    x: &Var<T>,
+    normalized_shape: &[usize],
+    gamma: Option<&Var<T>>,
+    eps: f64,
+) -> Result<Var<T>> {
+    norm_nd(false, x, normalized_shape, gamma, None, eps)
+}
+
+/// The checks both public fns share, then the node (see [`nodes`]).
+fn norm_nd<T: Element>(
+    centre: bool,
+    x: &Var<T>,
+    normalized_shape: &[usize],
+    gamma: Option<&Var<T>>,
+    beta: Option<&Var<T>>,
+    eps: f64,
+) -> Result<Var<T>> {
+    let (op, what) = if centre {
+        ("layer_norm", ["layer_norm: gamma", "layer_norm: beta"])
+    } else {
+        ("rms_norm", ["rms_norm: gamma", "rms_norm: beta"])
+    };
+    let eps = check_eps::<T>(op, eps)?;
+    let (_, d) = rows_and_len(op, x.shape(), normalized_shape)?;
+    check_param(what[0], gamma, normalized_shape)?;
+    check_param(what[1], beta, normalized_shape)?;
+    let mut inputs = vec![x];
+    inputs.extend(gamma);
+    inputs.extend(beta);
+    let spec = NormSpec {
+        centre,
+        normalized: normalized_shape.to_vec(),
+        d,
+        eps: eps.f64(),
+        has_gamma: gamma.is_some(),
+        has_beta: beta.is_some(),
+    };
+    nodes::record(spec, &inputs)
+}
+
+/// The norm node of a checked `spec`, for one concrete `T` (called through
+/// [`nodes::record`], so that it is compiled once, in this crate).
+fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
+    let op = Norm {
+        centre: spec.centre,
+        normalized: spec.normalized.clone(),
+        d: spec.d,
+        // Exact: `spec.eps` is `T::Acc`'s checked eps, widened.
+        eps: <T::Acc as Accum>::of(spec.eps),
+        has_gamma: spec.has_gamma,
+        has_beta: spec.has_beta,
+    };
+    Tape::apply_twinned(op, inputs, || twin::twin(&spec))
 }

@@ -23,12 +23,12 @@ pub(crate) struct NormJudge {
 }
 
 impl NormJudge {
-    fn new(spec: &NormSpec, centre: bool) -> Self {
+    fn new(spec: &NormSpec) -> Self {
         let mut names = vec!["x"];
         names.extend(spec.has_gamma.then_some("gamma"));
         names.extend(spec.has_beta.then_some("beta"));
         NormJudge {
-            centre,
+            centre: spec.centre,
             normalized: spec.normalized.clone(),
             d: spec.d,
             eps: spec.eps,
@@ -146,9 +146,9 @@ impl Judge for NormJudge {
     }
 }
 
-/// The twin of a fused LayerNorm (`centre`) or RMSNorm node of `spec`.
-pub(crate) fn twin<'a, T: Element>(spec: &'a NormSpec, centre: bool) -> Twin<'a, T> {
-    let (g, b) = (spec.has_gamma, spec.has_beta);
+/// The twin of the fused norm node of `spec`.
+pub(crate) fn twin<T: Element>(spec: &NormSpec) -> Twin<'_, T> {
+    let (g, b, centre) = (spec.has_gamma, spec.has_beta, spec.centre);
     Twin {
         composed: Box::new(move |v: &[Var<T>]| {
             let gamma = g.then(|| &v[1]);
@@ -159,7 +159,7 @@ pub(crate) fn twin<'a, T: Element>(spec: &'a NormSpec, centre: bool) -> Twin<'a,
                 rms_norm_composed_nd(&v[0], &spec.normalized, gamma, spec.eps)
             }
         }),
-        judge: Rc::new(NormJudge::new(spec, centre)),
+        judge: Rc::new(NormJudge::new(spec)),
     }
 }
 

@@ -371,6 +371,18 @@ impl Gpu {
 /// A null device pointer, for optional kernel arguments.
 pub(crate) const NULL: u64 = 0;
 
+/// The device address of an optional buffer, [`NULL`] when absent: how
+/// kernels take optional inputs and outputs that are not wanted.
+pub(crate) fn addr<T>(b: Option<&cudarc::driver::CudaSlice<T>>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    match b {
+        // The stream's event tracking is off (one stream per device), so
+        // the guard returned with the address does nothing.
+        Some(b) => b.device_ptr(b.stream()).0,
+        None => NULL,
+    }
+}
+
 /// Launches `f` on `gpu`'s stream with `cfg` and the arguments in order
 /// (buffers as `&slice`/`&mut slice`, scalars as `&value`), turning a
 /// driver error into `Error::Cuda` for `op`.

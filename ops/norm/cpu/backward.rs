@@ -1,5 +1,6 @@
-//! The fused LayerNorm backward kernel: pass A (row sums and the
-//! dgamma/dbeta partials), then pass B (`dx`).
+//! The fused norms' backward kernel: pass A (row sums and the
+//! dgamma/dbeta partials), then pass B (`dx`). Without `C` (RMSNorm) the
+//! mean is 0 and there is no `<g>` term and no dbeta partial.
 
 use super::*;
 
@@ -48,36 +49,37 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> Rows<'a, T, V, R> {
         }
     }
 
-    /// Row `s`'s chunk at `i`: `(xhat, dy)`; with `pf`, prefetches ahead
-    /// of it (rows read from memory, not the cached `prev`).
+    /// Row `s`'s chunk at `i`: `(xhat, dy)` (`C` as in [`xhat_at`]); with
+    /// `pf`, prefetches ahead of it (rows read from memory, not the cached
+    /// `prev`).
     ///
     /// # Safety
     /// `i + LANES` within row `s`'s slices.
     #[inline(always)]
-    unsafe fn load(&self, s: usize, i: usize, pf: bool) -> (V, V) {
+    unsafe fn load<const C: bool>(&self, s: usize, i: usize, pf: bool) -> (V, V) {
         // SAFETY: the caller's contract.
         unsafe {
             if pf {
                 prefetch::<T, R>(self.x[s], i);
                 prefetch::<T, R>(self.dy[s], i);
             }
-            let xh = V::load_at(self.x[s], i).sub(self.mv[s]).mul(self.rv[s]);
+            let xh = xhat_at::<T, V, C>(self.x[s], i, self.mv[s], self.rv[s]);
             (xh, V::load_at(self.dy[s], i))
         }
     }
 
     /// Adds the rows' terms at `k` past the last whole chunk to the
-    /// partials, row after row.
+    /// partials, row after row (dbeta's only if `C`).
     #[inline(always)]
-    fn add_tail(&self, part: &mut [Acc<T>], lay: Layout, t: usize, n: usize) {
+    fn add_tail<const C: bool>(&self, part: &mut [Acc<T>], lay: Layout, t: usize, n: usize) {
         for s in 0..R {
             for k in t..n {
-                let xh = (wide(self.x[s], k) - self.m[s]) * self.r[s];
+                let xh = xhat_one::<T, C>(self.x[s], k, self.m[s], self.r[s]);
                 let dyv = wide(self.dy[s], k);
                 if let Some(v) = part.get_mut(lay.g(k)) {
                     *v += dyv * xh;
                 }
-                if let Some(v) = part.get_mut(lay.b(k)) {
+                if let (true, Some(v)) = (C, part.get_mut(lay.b(k))) {
                     *v += dyv;
                 }
             }
@@ -98,7 +100,15 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> Rows<'a, T, V, R> {
 /// own, in one read-modify-write of `pg`, `pb` (so the partial row is read
 /// and written once per two groups of rows, and every element still sees
 /// the rows in row order: the same bits).
-struct PassA<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize> {
+struct PassA<
+    'a,
+    T: Element,
+    V: Lanes<T>,
+    const C: bool,
+    const DX: bool,
+    const P: bool,
+    const R: usize,
+> {
     cur: Rows<'a, T, V, R>,
     prev: Option<Rows<'a, T, V, R>>,
     /// Whether this pass adds its own rows' partials.
@@ -112,8 +122,8 @@ struct PassA<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R
     n: usize,
 }
 
-impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
-    PassA<'a, T, V, DX, P, R>
+impl<'a, T: Element, V: Lanes<T>, const C: bool, const DX: bool, const P: bool, const R: usize>
+    PassA<'a, T, V, C, DX, P, R>
 {
     #[inline(always)]
     fn new(
@@ -167,30 +177,41 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
             let (gi, bi) = self.lay.chunk(i);
             let (mut pgv, mut pbv) = (zero, zero);
             if rmw {
-                (pgv, pbv) = (V::load_acc_at(part, gi), V::load_acc_at(part, bi));
+                pgv = V::load_acc_at(part, gi);
+                if C {
+                    pbv = V::load_acc_at(part, bi);
+                }
             }
             if let (true, true, Some(p)) = (P, PREV, &self.prev) {
                 for s in 0..R {
-                    let (xh, dyv) = p.load(s, i, false);
+                    let (xh, dyv) = p.load::<C>(s, i, false);
                     pgv = pgv.add(dyv.mul(xh));
-                    pbv = pbv.add(dyv);
+                    if C {
+                        pbv = pbv.add(dyv);
+                    }
                 }
             }
             for s in 0..R {
-                let (xh, dyv) = self.cur.load(s, i, true);
+                let (xh, dyv) = self.cur.load::<C>(s, i, true);
                 let g = dyv.mul(gam);
                 if DX {
-                    self.s1[s][j] = self.s1[s][j].add(g);
+                    if C {
+                        self.s1[s][j] = self.s1[s][j].add(g);
+                    }
                     self.s2[s][j] = self.s2[s][j].add(g.mul(xh));
                 }
                 if P && OWN {
                     pgv = pgv.add(dyv.mul(xh));
-                    pbv = pbv.add(dyv);
+                    if C {
+                        pbv = pbv.add(dyv);
+                    }
                 }
             }
             if rmw {
                 pgv.store_acc_at(part, gi);
-                pbv.store_acc_at(part, bi);
+                if C {
+                    pbv.store_acc_at(part, bi);
+                }
             }
         }
     }
@@ -201,10 +222,10 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
         let (n, gamma, lay) = (self.n, self.gamma, self.lay);
         let t = n / LANES * LANES;
         if let (true, Some(p)) = (P, &self.prev) {
-            p.add_tail(part, lay, t, n);
+            p.add_tail::<C>(part, lay, t, n);
         }
         if self.own {
-            self.cur.add_tail(part, lay, t, n);
+            self.cur.add_tail::<C>(part, lay, t, n);
         }
         let mut out = [(Acc::<T>::zero(), Acc::<T>::zero()); R];
         if !DX {
@@ -214,9 +235,11 @@ impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
             let (mut a1, mut a2) = (fold_all(self.s1[s]), fold_all(self.s2[s]));
             let c = &self.cur;
             for k in t..n {
-                let xh = (wide(c.x[s], k) - c.m[s]) * c.r[s];
+                let xh = xhat_one::<T, C>(c.x[s], k, c.m[s], c.r[s]);
                 let g = wide(c.dy[s], k) * at(gamma, k);
-                a1 += g;
+                if C {
+                    a1 += g;
+                }
                 a2 += g * xh;
             }
             *o = (a1, a2);
@@ -330,7 +353,7 @@ type Sums<T, const R: usize> = [(Acc<T>, Acc<T>); R];
 /// `DX`) and, if `P`, its partial row `[pg | pb]` of `2d` (its contents on
 /// entry do not matter: the task zeroes it). `NT` streams `dx` past the
 /// cache.
-struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
+struct Bwd<'a, T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool> {
     x: &'a [T],
     dy: &'a [T],
     mean: &'a [Acc<T>],
@@ -350,8 +373,8 @@ struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
     lay: Layout,
 }
 
-impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
-    for Bwd<'_, T, DX, P, NT>
+impl<T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool> Kernel<T>
+    for Bwd<'_, T, C, DX, P, NT>
 {
     type Output = ();
 
@@ -366,7 +389,11 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
         let d = self.d;
         let part = std::mem::take(&mut self.part);
         part.fill(Acc::<T>::zero());
-        let n = self.mean.len().min(self.rstd.len());
+        let n = if C {
+            self.mean.len().min(self.rstd.len())
+        } else {
+            self.rstd.len()
+        };
         let n = n.min(self.x.len().min(self.dy.len()) / d.max(1));
         let fuse = DX && NT && overlap_backward(d * std::mem::size_of::<T>());
         let mut i = 0;
@@ -385,7 +412,9 @@ impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
     }
 }
 
-impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, DX, P, NT> {
+impl<'a, T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool>
+    Bwd<'a, T, C, DX, P, NT>
+{
     /// Rows from `*i` on, `R` at a time ([`Bwd::rows`]), while `R` of the
     /// `n` are left; `*i` ends at the first row not done.
     #[inline(always)]
@@ -435,7 +464,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         prev: Option<usize>,
         defer: bool,
         part_len: usize,
-    ) -> PassA<'a, T, V, DX, P, R> {
+    ) -> PassA<'a, T, V, C, DX, P, R> {
         let prev = prev.map(|k| self.rows_a::<V, R>(k));
         let cur = self.rows_a::<V, R>(i);
         PassA::new(cur, prev, !defer, self.gamma, (part_len, self.lay))
@@ -470,7 +499,7 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
         }
         let (m, r) = self.stats::<R>(i);
         let inv_d = Acc::<T>::one() / count(d);
-        let mg = sums.map(|(s1, _)| s1 * inv_d);
+        let mg = sums.map(|(s1, _)| if C { s1 * inv_d } else { Acc::<T>::zero() });
         let mgx = sums.map(|(_, s2)| s2 * inv_d);
         let gamma = self.gamma;
         let n = d.min(gamma.len());
@@ -503,15 +532,17 @@ impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, D
                     prefetch_next(xr[s], R * d, k);
                     prefetch_next(dyr[s], R * d, k);
                 }
-                let xh = V::load_at(xr[s], k).sub(mv[s]).mul(rv[s]);
+                let xh = xhat_at::<T, V, C>(xr[s], k, mv[s], rv[s]);
                 let g = V::load_at(dyr[s], k).mul(V::load_acc_at(g, k));
-                rv[s].mul(g.sub(mgv[s]).sub(xh.mul(mgxv[s])))
+                let g = if C { g.sub(mgv[s]) } else { g };
+                rv[s].mul(g.sub(xh.mul(mgxv[s])))
             },
             #[inline(always)]
             |s: usize, k: usize| {
-                let xh = (wide(xr[s], k) - m[s]) * r[s];
+                let xh = xhat_one::<T, C>(xr[s], k, m[s], r[s]);
                 let g = wide(dyr[s], k) * at(g, k);
-                r[s] * (g - mg[s] - xh * mgx[s])
+                let g = if C { g - mg[s] } else { g };
+                r[s] * (g - xh * mgx[s])
             },
         );
         let (v,) = (
@@ -571,7 +602,7 @@ pub(crate) struct Backward<T: Element> {
 /// Runs the backward groups (in parallel when there are several), group
 /// `k` filling row `k` of `parts` (rows of `2d`) with its partials if `P`.
 #[allow(clippy::too_many_arguments)]
-fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
+fn bwd_launch<T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool>(
     x: &[T],
     dy: &[T],
     mean: &[Acc<T>],
@@ -590,10 +621,12 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
         paired_partials(row_bytes),
         prefetch_next_on() && row_bytes <= *STEP_ROW_BYTES.end(),
     );
-    let jobs: Vec<Bwd<'_, T, DX, P, NT>> = x
+    // Without `C`, `mean` is empty: every group gets an empty slice of it.
+    let means = mean.chunks(rpg).chain(std::iter::repeat(&[][..]));
+    let jobs: Vec<Bwd<'_, T, C, DX, P, NT>> = x
         .chunks(rpg * d)
         .zip(dy.chunks(rpg * d))
-        .zip(mean.chunks(rpg).zip(rstd.chunks(rpg)))
+        .zip(means.zip(rstd.chunks(rpg)))
         .map(|((x, dy), (mean, rstd))| Bwd {
             x,
             dy,
@@ -615,19 +648,19 @@ fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
     dispatch_all(jobs);
 }
 
-/// LayerNorm backward. `gamma` of `None` means the identity scale.
-#[allow(clippy::too_many_arguments)]
+/// The backward: LayerNorm's with `mean`, RMSNorm's without (then no
+/// dbeta). `gamma` of `None` means the identity scale; `want` is `(dx,
+/// dgamma, dbeta)`.
 pub(crate) fn backward<T: Element>(
     x: &[T],
     dy: &[T],
     d: usize,
     gamma: Option<&[T]>,
-    mean: &[Acc<T>],
-    rstd: &[Acc<T>],
-    want_dx: bool,
-    want_dgamma: bool,
-    want_dbeta: bool,
+    (mean, rstd): (Option<&[Acc<T>]>, &[Acc<T>]),
+    (want_dx, want_dgamma, want_dbeta): (bool, bool, bool),
 ) -> Backward<T> {
+    let centre = mean.is_some();
+    let (mean, want_dbeta) = (mean.unwrap_or_default(), want_dbeta && centre);
     let n = x.len() / d;
     let want_p = want_dgamma || want_dbeta;
     let g = match gamma {
@@ -643,12 +676,14 @@ pub(crate) fn backward<T: Element>(
     // As in the forward: streaming builds for f32 only. The partials are
     // always summed (a few adds per element into a row that stays in
     // cache, dropped when not wanted), so only two builds exist per `NT`.
-    let run = match want_dx {
-        true if <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d) => {
-            bwd_launch::<T, true, true, true>
-        }
-        true => bwd_launch::<T, true, true, false>,
-        false => bwd_launch::<T, false, true, false>,
+    let stream = want_dx && <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d);
+    let run = match (centre, want_dx, stream) {
+        (true, true, true) => bwd_launch::<T, true, true, true, true>,
+        (true, true, false) => bwd_launch::<T, true, true, true, false>,
+        (true, false, _) => bwd_launch::<T, true, false, true, false>,
+        (false, true, true) => bwd_launch::<T, false, true, true, true>,
+        (false, true, false) => bwd_launch::<T, false, true, true, false>,
+        (false, false, _) => bwd_launch::<T, false, false, true, false>,
     };
     let mut parts = partial_rows(true, x.len(), (rpg, d), 2 * d);
     let lay = Layout::new(d, interleaved_partials());

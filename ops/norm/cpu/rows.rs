@@ -1,6 +1,5 @@
-//! Row helpers both fused norms' CPU kernels use (LayerNorm's in
-//! `ops/layer_norm/cpu`, RMSNorm's in `ops/rms_norm/cpu.rs`): the backward's
-//! group split and partial rows, parameter widening and bounds-free reads.
+//! The kernels' row helpers: the backward's group split and partial rows,
+//! parameter widening and bounds-free reads.
 
 pub(crate) use crate::device::cpu::LANES;
 use crate::device::cpu::{rows_per_chunk, run_each};

@@ -98,8 +98,9 @@ impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for MeanPass<'_
 }
 
 /// `sum((x - m)^2)` over each of `R` rows, given their means: the second
-/// of the two passes (a [`RowPass`]).
-pub(super) struct VarPass<'a, T: Element, V: Lanes<T>, const R: usize> {
+/// of the two passes (a [`RowPass`]); `sum(x^2)` unless `C` (RMSNorm's
+/// only pass).
+pub(super) struct VarPass<'a, T: Element, V: Lanes<T>, const R: usize, const C: bool> {
     x: [&'a [T]; R],
     m: [Acc<T>; R],
     mv: [V; R],
@@ -108,7 +109,7 @@ pub(super) struct VarPass<'a, T: Element, V: Lanes<T>, const R: usize> {
     pub(super) n: usize,
 }
 
-impl<'a, T: Element, V: Lanes<T>, const R: usize> VarPass<'a, T, V, R> {
+impl<'a, T: Element, V: Lanes<T>, const R: usize, const C: bool> VarPass<'a, T, V, R, C> {
     #[inline(always)]
     pub(super) fn new(x: [&'a [T]; R], m: [Acc<T>; R]) -> Self {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
@@ -122,7 +123,9 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> VarPass<'a, T, V, R> {
     }
 }
 
-impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for VarPass<'_, T, V, R> {
+impl<T: Element, V: Lanes<T>, const R: usize, const C: bool> RowPass<Acc<T>, R>
+    for VarPass<'_, T, V, R, C>
+{
     #[inline(always)]
     fn len(&self) -> usize {
         self.n
@@ -131,8 +134,13 @@ impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for VarPass<'_,
     #[inline(always)]
     unsafe fn chunk(&mut self, j: usize, i: usize) {
         for s in 0..R {
+            if !C {
+                // The first pass over the row: fetch ahead as the mean pass.
+                prefetch::<T, R>(self.x[s], i);
+            }
             // SAFETY: the caller's contract; every row is `n` long.
-            let e = unsafe { V::load_at(self.x[s], i) }.sub(self.mv[s]);
+            let v = unsafe { V::load_at(self.x[s], i) };
+            let e = if C { v.sub(self.mv[s]) } else { v };
             self.acc[s][j] = self.acc[s][j].add(e.mul(e));
         }
     }
@@ -143,7 +151,11 @@ impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for VarPass<'_,
         for (s, o) in out.iter_mut().enumerate() {
             let mut t = fold_all(self.acc[s]);
             for v in self.x[s].as_chunks::<LANES>().1 {
-                let e = v.to_acc() - self.m[s];
+                let e = if C {
+                    v.to_acc() - self.m[s]
+                } else {
+                    v.to_acc()
+                };
                 t += e * e;
             }
             *o = t;

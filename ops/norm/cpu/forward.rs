@@ -1,15 +1,16 @@
-//! The fused LayerNorm forward kernel: statistics, then the output pass.
+//! The fused norms' forward kernel: statistics, then the output pass.
 
 use super::stats::{MeanPass, RowPass, VarPass};
 use super::*;
-use crate::ops::layer_norm::scaled::{rstd_limit, trusted};
+use crate::ops::norm::scaled::{rstd_limit, trusted};
 
 /// One forward task: whole rows of `x` and the matching `y`, `mean`, `rstd`.
 /// `gamma` and `beta` are always there (ones and negative zeros stand in
 /// for absent ones: `v * 1` and `v + -0` are exact, so the bits are those
-/// of leaving them out, with one build instead of four); `NT` streams `y`
-/// past the cache.
-struct Fwd<'a, T: Element, const NT: bool> {
+/// of leaving them out, with one build instead of four); `C` centres
+/// (LayerNorm; else `mean` is empty and no `beta` is added); `NT` streams
+/// `y` past the cache.
+struct Fwd<'a, T: Element, const C: bool, const NT: bool> {
     x: &'a [T],
     y: &'a mut [T],
     mean: &'a mut [Acc<T>],
@@ -30,7 +31,7 @@ struct Fwd<'a, T: Element, const NT: bool> {
     suspect: bool,
 }
 
-impl<T: Element, const NT: bool> Kernel<T> for Fwd<'_, T, NT> {
+impl<T: Element, const C: bool, const NT: bool> Kernel<T> for Fwd<'_, T, C, NT> {
     /// Whether some row's statistics are out of the trusted range.
     type Output = bool;
 
@@ -41,10 +42,16 @@ impl<T: Element, const NT: bool> Kernel<T> for Fwd<'_, T, NT> {
     /// `x` streams in while `y` streams out: for rows taken one at a time,
     /// the next row's variance pass and the mean pass of the row after it
     /// (no pass then runs on its own); for rows in lockstep, the next rows'
-    /// mean pass. Rows too short for that may go [`stats_first`].
+    /// mean pass. Rows too short for that may go [`stats_first`]. Without
+    /// `C` there is no mean pass, and the variance pass (`sum(x^2)`) takes
+    /// its place in what runs alongside.
     #[inline(always)]
     fn run<V: Lanes<T>>(mut self) -> bool {
-        let n = self.mean.len().min(self.rstd.len());
+        let n = if C {
+            self.mean.len().min(self.rstd.len())
+        } else {
+            self.rstd.len()
+        };
         let n = n.min(self.x.len() / self.d.max(1));
         let row_bytes = self.d * std::mem::size_of::<T>();
         let fuse = NT && overlap(row_bytes) && !self.seg;
@@ -97,7 +104,7 @@ impl<A, const R: usize> Default for Ahead<A, R> {
     }
 }
 
-impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
+impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
     /// Rows `i..i + STATS_FIRST_ROWS`, one at a time: the statistics
     /// passes of all of them back to back, then their output passes, which
     /// prefetch the rows as many rows ahead (see [`stats_first`]). Each
@@ -111,8 +118,8 @@ impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
         let (mut ms, mut sqs) = ([Acc::<T>::zero(); K], [Acc::<T>::zero(); K]);
         for k in 0..K {
             let xr = rows_at::<T, 1>(self.x, i + k, self.d);
-            let [m] = MeanPass::<T, V, 1>::new(xr).run(false);
-            let [sq] = VarPass::<T, V, 1>::new(xr, [m]).run(false);
+            let [m] = self.mean_pass::<V, 1>(xr, false);
+            let [sq] = VarPass::<T, V, 1, C>::new(xr, [m]).run(false);
             (ms[k], sqs[k]) = (m, sq);
         }
         self.ahead_rows = K;
@@ -125,6 +132,17 @@ impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
             self.rows::<V, 1>(i + k, have, false, false);
         }
         self.ahead_rows = 1;
+    }
+
+    /// The means of rows `xr` (`seg` as in [`each_chunk_in`]); zeros
+    /// without `C`, for which no pass runs.
+    #[inline(always)]
+    fn mean_pass<V: Lanes<T>, const R: usize>(&self, xr: [&[T]; R], seg: bool) -> [Acc<T>; R] {
+        if C {
+            MeanPass::<T, V, R>::new(xr).run(seg)
+        } else {
+            [Acc::<T>::zero(); R]
+        }
     }
 
     /// Rows `i..i + R`, in lockstep: the mean and variance passes (unless
@@ -148,17 +166,20 @@ impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
         // SIMD build (see [`Kernel`]), and a closure is not sure to.
         let m = match have.m {
             Some(m) => m,
-            None => MeanPass::<T, V, R>::new(xr).run(seg),
+            None => self.mean_pass::<V, R>(xr, seg),
         };
         let sq = match have.sq {
             Some(sq) => sq,
-            None => VarPass::<T, V, R>::new(xr, m).run(seg),
+            None => VarPass::<T, V, R, C>::new(xr, m).run(seg),
         };
         let r = sq.map(|q| Acc::<T>::one() / (q / count(d) + eps).sqrt());
         for s in 0..R {
-            if let (Some(mo), Some(ro)) = (self.mean.get_mut(i + s), self.rstd.get_mut(i + s)) {
-                (*mo, *ro) = (m[s], r[s]);
+            if let Some(ro) = self.rstd.get_mut(i + s) {
+                *ro = r[s];
                 self.suspect |= !trusted(m[s], r[s], self.limit);
+            }
+            if let (true, Some(mo)) = (C, self.mean.get_mut(i + s)) {
+                *mo = m[s];
             }
         }
         let n = d.min(self.gamma.len()).min(self.beta.len());
@@ -181,12 +202,22 @@ impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
                 if pf {
                     prefetch_next(xr[k], stride, i);
                 }
-                xhat_at(xr[k], i, mv[k], rv[k])
-                    .mul(V::load_acc_at(g, i))
-                    .add(V::load_acc_at(b, i))
+                let v = xhat_at::<T, V, C>(xr[k], i, mv[k], rv[k]).mul(V::load_acc_at(g, i));
+                if C {
+                    v.add(V::load_acc_at(b, i))
+                } else {
+                    v
+                }
             },
             #[inline(always)]
-            |k: usize, i: usize| xhat_one(xr[k], i, m[k], r[k]) * at(g, i) + at(b, i),
+            |k: usize, i: usize| {
+                let v = xhat_one::<T, C>(xr[k], i, m[k], r[k]) * at(g, i);
+                if C {
+                    v + at(b, i)
+                } else {
+                    v
+                }
+            },
         );
         let (v,) = (
             #[inline(always)]
@@ -197,6 +228,25 @@ impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
             return Ahead::default();
         }
         let xn = rows_at::<T, R>(self.x, i + R, d);
+        if !C {
+            // No mean pass: the next rows' `sum(x^2)` runs alongside.
+            let mut var = VarPass::<T, V, R, C>::new(xn, [Acc::<T>::zero(); R]);
+            write_rows_with::<T, V, NT, R>(
+                yr,
+                v,
+                sc,
+                var.n,
+                // SAFETY: `write_rows_with` calls this as `each_chunk(var.n,
+                // ..)` would, so `k + LANES <= var.n`.
+                #[inline(always)]
+                |j, k| unsafe { var.chunk(j, k) },
+            );
+            return Ahead {
+                m: Some([Acc::<T>::zero(); R]),
+                sq: Some(var.finish()),
+                m_after: None,
+            };
+        }
         if R > 1 {
             // Rows in lockstep carry the next rows' mean pass only: their
             // variance pass too (three rows' worth of accumulators per row
@@ -221,7 +271,7 @@ impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
             Some(m) => m,
             None => MeanPass::<T, V, R>::new(xn).run(false),
         };
-        let mut var = VarPass::<T, V, R>::new(xn, m_next);
+        let mut var = VarPass::<T, V, R, C>::new(xn, m_next);
         let mut mean = MeanPass::<T, V, R>::new(rows_at::<T, R>(self.x, i + 2 * R, d));
         let m_after = if after && mean.n == var.n {
             write_rows_with::<T, V, NT, R>(
@@ -258,10 +308,10 @@ impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
     }
 }
 
-/// The forward's outputs: `y`, the per-row statistics backward needs, and
-/// whether some row's statistics are out of the trusted range (then, and
-/// only then, the caller looks for rows to recompute: see
-/// `ops/layer_norm/scaled.rs`).
+/// The forward's outputs: `y`, the per-row statistics backward needs
+/// (`mean` empty for RMSNorm), and whether some row's statistics are out
+/// of the trusted range (then, and only then, the caller looks for rows to
+/// recompute: see `ops/norm/scaled.rs`).
 pub(crate) struct Forward<T: Element> {
     pub y: Buffer<T>,
     pub mean: Buffer<Acc<T>>,
@@ -289,7 +339,7 @@ pub(super) fn fwd_rows_per_task(row_bytes: usize, rpc: usize) -> usize {
 /// Runs the forward tasks: one per chunk of rows, in parallel when there
 /// is more than one ([`dispatch_all`]); whether any row is suspect.
 #[allow(clippy::too_many_arguments)]
-fn fwd_launch<T: Element, const NT: bool>(
+fn fwd_launch<T: Element, const C: bool, const NT: bool>(
     x: &[T],
     y: &mut [T],
     mean: &mut [Acc<T>],
@@ -303,10 +353,14 @@ fn fwd_launch<T: Element, const NT: bool>(
     let limit = rstd_limit::<Acc<T>>();
     let (seg, pf_next) = (segmented(row_bytes), prefetch_next_on());
     let rpc = fwd_rows_per_task(row_bytes, rows_per_chunk(d));
-    let jobs: Vec<Fwd<'_, T, NT>> = x
+    // Without `C`, `mean` is empty: every task gets an empty slice of it.
+    let means = mean
+        .chunks_mut(rpc)
+        .chain(std::iter::repeat_with(Default::default));
+    let jobs: Vec<Fwd<'_, T, C, NT>> = x
         .chunks(rpc * d)
         .zip(y.chunks_mut(rpc * d))
-        .zip(mean.chunks_mut(rpc).zip(rstd.chunks_mut(rpc)))
+        .zip(means.zip(rstd.chunks_mut(rpc)))
         .map(|((x, y), (mean, rstd))| Fwd {
             x,
             y,
@@ -326,27 +380,31 @@ fn fwd_launch<T: Element, const NT: bool>(
     dispatch_all(jobs).contains(&true)
 }
 
-/// LayerNorm forward over `x.len() / d` rows of `d` (`d > 0`; a parameter,
-/// when given, has `d` elements).
+/// The forward over `x.len() / d` rows of `d` (`d > 0`; a parameter, when
+/// given, has `d` elements): LayerNorm if `centre`, else RMSNorm (then
+/// `beta` must be `None`; `mean` comes back empty).
 pub(crate) fn forward<T: Element>(
     x: &[T],
     d: usize,
     gamma: Option<&[T]>,
     beta: Option<&[T]>,
     eps: Acc<T>,
+    centre: bool,
 ) -> Forward<T> {
     let n = x.len() / d;
     let g = widen_or(gamma, d, <Acc<T> as One>::one());
     let b = widen_or(beta, d, -<Acc<T> as Zero>::zero());
     let mut y = Tensor::<T>::scratch(n * d);
-    let mut mean = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
+    let mut mean = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); if centre { n } else { 0 }]);
     let mut rstd = Buffer::from_vec(vec![<Acc<T> as Zero>::zero(); n]);
     // Streaming builds exist for f32 only; `CpuBuilds::SIMD` first keeps them
     // from being compiled for other types.
-    let run = if <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d) {
-        fwd_launch::<T, true>
-    } else {
-        fwd_launch::<T, false>
+    let stream = <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d);
+    let run = match (centre, stream) {
+        (true, true) => fwd_launch::<T, true, true>,
+        (true, false) => fwd_launch::<T, true, false>,
+        (false, true) => fwd_launch::<T, false, true>,
+        (false, false) => fwd_launch::<T, false, false>,
     };
     let suspect = run(&x[..n * d], &mut y, &mut mean, &mut rstd, &g, &b, d, eps);
     Forward {

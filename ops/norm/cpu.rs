@@ -1,4 +1,6 @@
-//! CPU kernels for the fused LayerNorm.
+//! CPU kernels for the fused norms: one kernel set, const-generic in `C`
+//! (centre: LayerNorm's mean pass, `<g>` term and dbeta; RMSNorm without
+//! them, its mean taken as 0).
 //!
 //! Work split: rows are cut into chunks of [`rows_per_chunk`]`(d)` rows (a
 //! function of the row length only). The forward runs one rayon task per
@@ -34,8 +36,8 @@
 //! written with non-temporal stores
 //! ([`write_row`](crate::device::cpu::write_row)).
 //!
-//! Files: this one holds LayerNorm's row helpers (those RMSNorm shares sit
-//! in `ops/norm/cpu_rows.rs`); [`stats`] the forward's
+//! Files: this one holds the row helpers, [`rows`] the backward's groups,
+//! partial rows and parameter widening; [`stats`] the forward's
 //! mean and variance passes, [`forward`](mod@forward) and
 //! [`backward`](mod@backward) the two kernels,
 //! and `tests` the checks that each speed switch changes no bits.
@@ -47,11 +49,11 @@ use crate::device::cpu::{
 };
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
-use crate::ops::norm::cpu_rows::{
-    at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, widen_or, LANES,
-};
 use crate::tensor::Tensor;
 use num_traits::{Float, One, Zero};
+use rows::{
+    at, count, head, partial_rows, reduce_partials, rows_per_group, wide, widen, widen_or, LANES,
+};
 pub(crate) use tuning::*;
 
 type Acc<T> = <T as Element>::Acc;
@@ -89,24 +91,34 @@ fn rows_at_mut<A, const R: usize>(y: &mut [A], i: usize, d: usize) -> [&mut [A];
     })
 }
 
-/// `xhat = (x - m) * r` for the lanes at `x[i..]`.
+/// `xhat = (x - m) * r` for the lanes at `x[i..]` (`x * r` unless `C`).
 ///
 /// # Safety
 /// `i + LANES <= x.len()`.
 #[inline(always)]
-unsafe fn xhat_at<T: Element, V: Lanes<T>>(x: &[T], i: usize, m: V, r: V) -> V {
+unsafe fn xhat_at<T: Element, V: Lanes<T>, const C: bool>(x: &[T], i: usize, m: V, r: V) -> V {
     // SAFETY: the caller's contract.
-    unsafe { V::load_at(x, i) }.sub(m).mul(r)
+    let v = unsafe { V::load_at(x, i) };
+    if C {
+        v.sub(m).mul(r)
+    } else {
+        v.mul(r)
+    }
 }
 
-/// `xhat = (x - m) * r` for `x[i]` (zero past the end).
+/// `xhat = (x - m) * r` for `x[i]` (zero past the end; `x * r` unless `C`).
 #[inline(always)]
-fn xhat_one<T: Element>(x: &[T], i: usize, m: Acc<T>, r: Acc<T>) -> Acc<T> {
-    (wide(x, i) - m) * r
+fn xhat_one<T: Element, const C: bool>(x: &[T], i: usize, m: Acc<T>, r: Acc<T>) -> Acc<T> {
+    if C {
+        (wide(x, i) - m) * r
+    } else {
+        wide(x, i) * r
+    }
 }
 
 mod backward;
 mod forward;
+pub(crate) mod rows;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -122,51 +134,60 @@ use crate::dtype::Accum;
 type Stats<T> = Buffer<Acc<T>>;
 
 /// The forward with the scaled fallback applied to the rows the kernel
-/// flagged: `(y, mean, rstd, scaled)`, `scaled` set when any row took it.
-/// Rows are looked for only when the kernel flagged one, so the common
-/// path reads the statistics no second time.
+/// flagged; `scaled` says whether any row took it. Rows are looked for
+/// only when the kernel flagged one, so the common path reads the
+/// statistics no second time. `mean` is empty unless `centre`.
 pub(crate) fn forward_checked<T: Element>(
     xs: &[T],
     d: usize,
     gs: Option<&[T]>,
     bs: Option<&[T]>,
     eps: Acc<T>,
-) -> (Buffer<T>, Stats<T>, Stats<T>, bool) {
-    let mut out = forward(xs, d, gs, bs, eps);
+    centre: bool,
+) -> Checked<T> {
+    let mut out = forward(xs, d, gs, bs, eps, centre);
+    let mean = centre.then_some(&out.mean[..]);
     let rows = if out.suspect {
-        scaled::suspect_rows(xs, d, Some(&out.mean), &out.rstd)
+        scaled::suspect_rows(xs, d, mean, &out.rstd)
     } else {
         Vec::new()
     };
-    scaled::forward_rows(
-        xs,
-        d,
-        gs,
-        bs,
-        eps.f64(),
-        true,
-        &rows,
-        &mut out.y,
-        Some(&mut out.mean),
-        &mut out.rstd,
-    );
-    (out.y, out.mean, out.rstd, !rows.is_empty())
+    let mean = centre.then_some(&mut out.mean[..]);
+    let (eps, y, rstd) = (eps.f64(), &mut out.y, &mut out.rstd);
+    scaled::forward_rows(xs, d, gs, bs, eps, centre, &rows, y, mean, rstd);
+    Checked {
+        y: out.y,
+        mean: out.mean,
+        rstd: out.rstd,
+        scaled: !rows.is_empty(),
+    }
+}
+
+/// A forward with the fallback applied: `y`, the statistics (`mean` empty
+/// for RMSNorm), and whether any row took the fallback.
+pub(crate) struct Checked<T: Element> {
+    pub y: Buffer<T>,
+    pub mean: Stats<T>,
+    pub rstd: Stats<T>,
+    pub scaled: bool,
 }
 
 /// The backward of a node whose forward took the scaled path (`scaled`)
-/// or not; `want` is `(dx, dgamma, dbeta)`. No rows give zero parameter
-/// gradients.
+/// or not; `mean` is `None` for RMSNorm, `want` is `(dx, dgamma, dbeta)`.
+/// No rows give zero parameter gradients.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward_checked<T: Element>(
     xs: &[T],
     dy: &[T],
     d: usize,
     gs: Option<&[T]>,
-    (mean, rstd): (&[Acc<T>], &[Acc<T>]),
+    (mean, rstd): (Option<&[Acc<T>]>, &[Acc<T>]),
     scaled: bool,
     eps: Acc<T>,
     want: (bool, bool, bool),
 ) -> Backward<T> {
+    let centre = mean.is_some();
+    let want = (want.0, want.1, want.2 && centre);
     let (dx, dg, db) = want;
     if xs.is_empty() {
         // `d` is small when a parameter gradient is wanted.
@@ -177,13 +198,13 @@ pub(crate) fn backward_checked<T: Element>(
             dbeta: zeros(db),
         }
     } else if scaled {
-        let g = scaled::backward(xs, dy, d, gs, eps.f64(), true, want);
+        let g = scaled::backward(xs, dy, d, gs, eps.f64(), centre, want);
         Backward {
             dx: g.dx.map(Buffer::from_vec),
             dgamma: g.dgamma.map(Buffer::from_vec),
             dbeta: g.dbeta.map(Buffer::from_vec),
         }
     } else {
-        backward(xs, dy, d, gs, mean, rstd, dx, dg, db)
+        backward(xs, dy, d, gs, (mean, rstd), want)
     }
 }

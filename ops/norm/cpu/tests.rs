@@ -1,21 +1,23 @@
 //! Bitwise and accuracy checks of the CPU kernels' speed switches.
 
 use super::forward::{fwd_rows_per_task, FWD_TASK_STEPS};
+use super::rows::groups;
 use super::*;
 use crate::device::cpu::{
     best_simd, profile, set_simd_limit, set_stream_threshold, stream_threshold, Simd, SIMD_TESTS,
 };
-use crate::ops::norm::cpu_rows::groups;
-use crate::ops::rms_norm::cpu as rms;
 use crate::rng::Rng;
 
 /// Every output of LayerNorm and RMSNorm, forward and backward, as bits.
 fn outputs(x: &[f32], dy: &[f32], g: &[f32], b: &[f32], d: usize) -> Vec<Vec<u32>> {
     let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<u32>>();
-    let f = forward(x, d, Some(g), Some(b), 1e-5);
-    let bw = backward(x, dy, d, Some(g), &f.mean, &f.rstd, true, true, true);
-    let (ry, rr, _) = rms::forward(x, d, Some(g), 1e-5);
-    let (rdx, rdg) = rms::backward(x, dy, d, Some(g), &rr, true, true);
+    let all = (true, true, true);
+    let f = forward(x, d, Some(g), Some(b), 1e-5, true);
+    let bw = backward(x, dy, d, Some(g), (Some(&f.mean), &f.rstd), all);
+    let rf = forward(x, d, Some(g), None, 1e-5, false);
+    let (ry, rr) = (rf.y, rf.rstd);
+    let rb = backward(x, dy, d, Some(g), (None, &rr), all);
+    let (rdx, rdg) = (rb.dx, rb.dgamma);
     let mut out = vec![
         bits(&f.y),
         bits(&f.mean),
@@ -252,13 +254,14 @@ fn recycled_partial_rows_start_from_zero() {
     assert!(groups(n, d) * d * 4 >= crate::device::pool::MIN_POOLED_BYTES);
     let mut rng = Rng::new(29);
     let (x, dy, g, b) = case(&mut rng, n, d, 1.0, 0.5);
-    let f = forward(&x, d, Some(&g), Some(&b), 1e-5);
+    let f = forward(&x, d, Some(&g), Some(&b), 1e-5, true);
     let ones = vec![1.0f32; n * d];
     for dy in [&ones, &dy, &dy] {
-        let bw = backward(&x, dy, d, Some(&g), &f.mean, &f.rstd, false, true, true);
+        let stats = (Some(&f.mean[..]), &f.rstd[..]);
+        let bw = backward(&x, dy, d, Some(&g), stats, (false, true, true));
         let (dg, db) = (bw.dgamma.unwrap_or_default(), bw.dbeta.unwrap_or_default());
-        let (_, rdg) = rms::backward(&x, dy, d, Some(&g), &f.rstd, false, true);
-        let rdg = rdg.unwrap_or_default();
+        let rb = backward(&x, dy, d, Some(&g), (None, &f.rstd), (false, true, false));
+        let rdg = rb.dgamma.unwrap_or_default();
         for j in (0..d).step_by(193) {
             let (mut wg, mut wb, mut wr) = (0f64, 0f64, 0f64);
             for i in 0..n {
@@ -302,10 +305,17 @@ fn outputs_start_on_a_cache_line() {
         // `x` starts where the allocator put it, not on a line.
         let x = [vec![0.0f32; 3], x].concat();
         let x = &x[3..];
-        let f = forward(x, d, Some(&g), Some(&b), 1e-5);
-        let bw = backward(x, &dy, d, Some(&g), &f.mean, &f.rstd, true, false, false);
+        let f = forward(x, d, Some(&g), Some(&b), 1e-5, true);
+        let bw = backward(
+            x,
+            &dy,
+            d,
+            Some(&g),
+            (Some(&f.mean), &f.rstd),
+            (true, false, false),
+        );
         let dx = bw.dx.unwrap_or_default();
-        let (ry, ..) = rms::forward(x, d, Some(&g), 1e-5);
+        let ry = forward(x, d, Some(&g), None, 1e-5, false).y;
         for (name, p) in [
             ("y", f.y.as_ptr()),
             ("dx", dx.as_ptr()),
@@ -383,8 +393,9 @@ fn long_rows_in_runs_match_the_f64_statistics() {
         let g: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
         let run = |seg: bool| {
             set_segmented(seg);
-            let f = forward(&x, d, Some(&g), None, 1e-5);
-            let b = backward(&x, &dy, d, Some(&g), &f.mean, &f.rstd, true, true, true);
+            let f = forward(&x, d, Some(&g), None, 1e-5, true);
+            let stats = (Some(&f.mean[..]), &f.rstd[..]);
+            let b = backward(&x, &dy, d, Some(&g), stats, (true, true, true));
             set_segmented(true);
             (f, b.dx.unwrap_or_default())
         };
