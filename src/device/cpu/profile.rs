@@ -1,6 +1,6 @@
 //! Which CPU the kernels' speed defaults were measured on. Some choices
 //! (the LayerNorm kernels' overlap, narrow lanes and rows in step, in
-//! `ops/layer_norm/cpu/tuning.rs`) paid on one vendor's cores and cost on
+//! `ops/norm/cpu/tuning.rs`) paid on one vendor's cores and cost on
 //! the other's, so they follow the CPU the process runs on. None changes
 //! any bits, only the speed.
 
