@@ -123,6 +123,7 @@ mod stats;
 #[cfg(test)]
 mod tests;
 pub(crate) mod tuning;
+pub(crate) mod typed;
 
 pub(crate) use backward::{backward, Backward};
 pub(crate) use forward::forward;

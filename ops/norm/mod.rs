@@ -42,8 +42,9 @@
 //! not come back to the host on the common path).
 //!
 //! Files: this one holds the argument checks, the op, its state and the
-//! public fns; `nodes.rs` records a node through a per-type function
-//! compiled here; `cpu.rs` (and `cpu/`) the host kernels, `cuda.rs` the
+//! public fns, which build a node in one call to the tape; `cpu.rs` (and
+//! `cpu/`) the host kernels, entered through one plain function per
+//! element type (`cpu/typed.rs`) so that they compile once, in this crate; `cuda.rs` the
 //! GPU launchers of `kernels/norm.cu`, `scaled.rs` the fallback,
 //! `composed.rs` the twin built from primitive ops and `twin.rs` what the
 //! shadow check runs beside a fused node.
@@ -52,7 +53,6 @@ mod composed;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
-mod nodes;
 pub(crate) mod scaled;
 pub(crate) mod twin;
 
@@ -217,10 +217,13 @@ fn input<'a, T: Element>(
 
 /// The host elements of a side input (gamma, beta) of a norm whose `x` is
 /// on the CPU; `DeviceMismatch` if it lives elsewhere.
-fn cpu_side<'a, T: Element>(x: &Tensor<T>, t: Option<&'a Tensor<T>>) -> Result<Option<&'a [T]>> {
+fn cpu_side<'a, T: Element>(
+    x: &Tensor<T>,
+    t: Option<&'a Tensor<T>>,
+) -> Result<Option<&'a Buffer<T>>> {
     let Some(t) = t else { return Ok(None) };
     match t.storage() {
-        Storage::Cpu(b) if t.device() == x.device() => Ok(Some(&b[..])),
+        Storage::Cpu(b) if t.device() == x.device() => Ok(Some(b)),
         _ => Err(Error::DeviceMismatch {
             op: "norm",
             lhs: x.device().to_string(),
@@ -272,8 +275,8 @@ impl<T: Element> Op<T> for Norm<T::Acc> {
         }
         match x.storage() {
             Storage::Cpu(xs) => {
-                let (gs, bs) = (cpu_side(x, gamma)?, cpu_side(x, beta)?);
-                let f = cpu::forward_checked(xs, self.d, gs, bs, self.eps, self.centre);
+                let p = (cpu_side(x, gamma)?, cpu_side(x, beta)?);
+                let f = cpu::typed::forward(xs, self.d, p, self.eps.f64(), self.centre)?;
                 let n = [f.rstd.len()];
                 let mean = self
                     .centre
@@ -328,15 +331,14 @@ impl<T: Element> Op<T> for Norm<T::Acc> {
         let g = match (s.x.storage(), grad.storage(), s.rstd.storage()) {
             (Storage::Cpu(xs), Storage::Cpu(dy), Storage::Cpu(r)) => {
                 let m = match s.mean.as_ref().map(Tensor::storage) {
-                    Some(Storage::Cpu(m)) => Some(&m[..]),
+                    Some(Storage::Cpu(m)) => Some(m),
                     None => None,
                     #[cfg(feature = "cuda")]
                     Some(_) => return Err(mismatch()),
                 };
                 let gs = cpu_side(&s.x, s.gamma.as_ref())?;
-                let stats = (m, &r[..]);
-                let eps = self.eps;
-                let o = cpu::backward_checked(xs, dy, self.d, gs, stats, s.scaled, eps, want);
+                let (d, eps) = (self.d, self.eps.f64());
+                let o = cpu::typed::backward(xs, dy, d, gs, (m, r), s.scaled, eps, want)?;
                 let shaped = |v: Option<Buffer<T>>, shape: &[usize]| {
                     v.map(|v| Tensor::from_buffer(shape, v)).transpose()
                 };
@@ -422,7 +424,7 @@ pub fn rms_norm_nd<T: Element>(
     norm_nd(false, x, normalized_shape, gamma, None, eps)
 }
 
-/// The checks both public fns share, then the node (see [`nodes`]).
+/// The checks both public fns share, then the node.
 fn norm_nd<T: Element>(
     centre: bool,
     x: &Var<T>,
@@ -451,20 +453,13 @@ fn norm_nd<T: Element>(
         has_gamma: gamma.is_some(),
         has_beta: beta.is_some(),
     };
-    nodes::record(spec, &inputs)
-}
-
-/// The norm node of a checked `spec`, for one concrete `T` (called through
-/// [`nodes::record`], so that it is compiled once, in this crate).
-fn node<T: Element>(spec: NormSpec, inputs: &[&Var<T>]) -> Result<Var<T>> {
     let op = Norm {
-        centre: spec.centre,
+        centre,
         normalized: spec.normalized.clone(),
-        d: spec.d,
-        // Exact: `spec.eps` is `T::Acc`'s checked eps, widened.
-        eps: <T::Acc as Accum>::of(spec.eps),
+        d,
+        eps,
         has_gamma: spec.has_gamma,
         has_beta: spec.has_beta,
     };
-    Tape::apply_twinned(op, inputs, || twin::twin(&spec))
+    Tape::apply_twinned(op, &inputs, || twin::twin(&spec))
 }
