@@ -13,7 +13,7 @@
 //! y    = (xc * rstd) * gamma + beta             (RMSNorm: no beta)
 //! ```
 
-use super::{check_eps, check_param, last_axis, rows_and_len};
+use super::{check_args, last_axis, names};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::ops::{add, mean_axes, mul, rsqrt, scalar_add, sub};
@@ -80,21 +80,7 @@ fn composed_nd<T: Element>(
     beta: Option<&Var<T>>,
     eps: f64,
 ) -> Result<Var<T>> {
-    let (op, what) = if centre {
-        (
-            "layer_norm_composed",
-            ["layer_norm_composed: gamma", "layer_norm_composed: beta"],
-        )
-    } else {
-        (
-            "rms_norm_composed",
-            ["rms_norm_composed: gamma", "rms_norm_composed: beta"],
-        )
-    };
-    check_eps::<T>(op, eps)?;
-    rows_and_len(op, x.shape(), normalized_shape)?;
-    check_param(what[0], gamma, normalized_shape)?;
-    check_param(what[1], beta, normalized_shape)?;
+    check_args(names(centre, true), (x, normalized_shape, gamma, beta, eps))?;
     let axes = trailing_axes(normalized_shape.len());
     let xc = if centre {
         sub(x, &mean_axes(x, &axes, true)?)?

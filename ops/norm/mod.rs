@@ -156,6 +156,45 @@ pub(crate) fn check_param<T: Element>(
     }
 }
 
+/// The names a norm fn's errors give: the op, its gamma, its beta.
+fn names(centre: bool, composed: bool) -> [&'static str; 3] {
+    match (centre, composed) {
+        (true, false) => ["layer_norm", "layer_norm: gamma", "layer_norm: beta"],
+        (false, false) => ["rms_norm", "rms_norm: gamma", "rms_norm: beta"],
+        (true, true) => [
+            "layer_norm_composed",
+            "layer_norm_composed: gamma",
+            "layer_norm_composed: beta",
+        ],
+        (false, true) => [
+            "rms_norm_composed",
+            "rms_norm_composed: gamma",
+            "rms_norm_composed: beta",
+        ],
+    }
+}
+
+/// A norm fn's arguments: `x`, the normalized shape, gamma, beta, eps.
+type Args<'a, T> = (
+    &'a Var<T>,
+    &'a [usize],
+    Option<&'a Var<T>>,
+    Option<&'a Var<T>>,
+    f64,
+);
+
+/// The checks every norm fn makes, fused or composed (so both reject the
+/// same inputs), with the errors naming `names` ([`names`]): `eps` in
+/// `T::Acc` and the row length `D`.
+fn check_args<T: Element>(names: [&'static str; 3], a: Args<'_, T>) -> Result<(T::Acc, usize)> {
+    let (x, normalized, gamma, beta, eps) = a;
+    let eps = check_eps::<T>(names[0], eps)?;
+    let (_, d) = rows_and_len(names[0], x.shape(), normalized)?;
+    check_param(names[1], gamma, normalized)?;
+    check_param(names[2], beta, normalized)?;
+    Ok((eps, d))
+}
+
 /// The fused norm op; inputs `[x, gamma?, beta?]`.
 struct Norm<A> {
     centre: bool,
@@ -433,15 +472,8 @@ fn norm_nd<T: Element>(
     beta: Option<&Var<T>>,
     eps: f64,
 ) -> Result<Var<T>> {
-    let (op, what) = if centre {
-        ("layer_norm", ["layer_norm: gamma", "layer_norm: beta"])
-    } else {
-        ("rms_norm", ["rms_norm: gamma", "rms_norm: beta"])
-    };
-    let eps = check_eps::<T>(op, eps)?;
-    let (_, d) = rows_and_len(op, x.shape(), normalized_shape)?;
-    check_param(what[0], gamma, normalized_shape)?;
-    check_param(what[1], beta, normalized_shape)?;
+    let args = (x, normalized_shape, gamma, beta, eps);
+    let (eps, d) = check_args(names(centre, false), args)?;
     let mut inputs = vec![x];
     inputs.extend(gamma);
     inputs.extend(beta);

@@ -8,7 +8,6 @@ use crate::cuda_emu::gpu;
 /// positive time or rate, and each row's JSON line parses with every key
 /// and a finite value (on the emulation the times are CPU times, and only
 /// the bench's own code is checked, not its figures).
-#[cfg(feature = "cuda")]
 #[test]
 fn the_cuda_bench_measures_every_figure() {
     use fusegrad::probes::cuda_bench::{cuda_json_header, measure_cuda, CudaInputs};
@@ -68,7 +67,6 @@ fn the_cuda_bench_measures_every_figure() {
 /// variance near 1, all finite), the same bits for the same seed and
 /// offset, other values for another seed, and an offset continuing the
 /// same stream.
-#[cfg(feature = "cuda")]
 #[test]
 fn device_normals_are_standard_and_seeded() {
     use fusegrad::probes::cuda_bench::cuda_normal;

@@ -7,7 +7,7 @@ mod common;
 mod cuda_emu;
 
 mod backend;
-#[cfg(feature = "probes")]
+#[cfg(all(feature = "probes", feature = "cuda"))]
 mod bench;
 mod kernels;
 mod norms;

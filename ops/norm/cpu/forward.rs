@@ -230,20 +230,11 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
         let xn = rows_at::<T, R>(self.x, i + R, d);
         if !C {
             // No mean pass: the next rows' `sum(x^2)` runs alongside.
-            let mut var = VarPass::<T, V, R, C>::new(xn, [Acc::<T>::zero(); R]);
-            write_rows_with::<T, V, NT, R>(
-                yr,
-                v,
-                sc,
-                var.n,
-                // SAFETY: `write_rows_with` calls this as `each_chunk(var.n,
-                // ..)` would, so `k + LANES <= var.n`.
-                #[inline(always)]
-                |j, k| unsafe { var.chunk(j, k) },
-            );
+            let zero = [Acc::<T>::zero(); R];
+            let var = VarPass::<T, V, R, C>::new(xn, zero);
             return Ahead {
-                m: Some([Acc::<T>::zero(); R]),
-                sq: Some(var.finish()),
+                m: Some(zero),
+                sq: Some(beside::<T, V, NT, R, _>(yr, v, sc, var)),
                 m_after: None,
             };
         }
@@ -251,19 +242,9 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
             // Rows in lockstep carry the next rows' mean pass only: their
             // variance pass too (three rows' worth of accumulators per row
             // in step) is slower.
-            let mut a = MeanPass::<T, V, R>::new(xn);
-            write_rows_with::<T, V, NT, R>(
-                yr,
-                v,
-                sc,
-                a.n,
-                // SAFETY: `write_rows_with` calls this as `each_chunk(a.n,
-                // ..)` would, so `k + LANES <= a.n`.
-                #[inline(always)]
-                |j, k| unsafe { a.chunk(j, k) },
-            );
+            let mean = MeanPass::<T, V, R>::new(xn);
             return Ahead {
-                m: Some(a.finish()),
+                m: Some(beside::<T, V, NT, R, _>(yr, v, sc, mean)),
                 ..Ahead::default()
             };
         }
@@ -306,6 +287,29 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
             m_after,
         }
     }
+}
+
+/// The output pass over rows `yr` (`v`, `sc` as [`write_rows_with`] takes
+/// them) with the statistics pass `p` run alongside; `p`'s results.
+#[inline(always)]
+fn beside<T: Element, V: Lanes<T>, const NT: bool, const R: usize, P: RowPass<Acc<T>, R>>(
+    yr: [&mut [T]; R],
+    v: impl Fn(usize, usize) -> V,
+    sc: impl Fn(usize, usize) -> Acc<T>,
+    mut p: P,
+) -> [Acc<T>; R] {
+    let n = p.len();
+    write_rows_with::<T, V, NT, R>(
+        yr,
+        v,
+        sc,
+        n,
+        // SAFETY: `write_rows_with` calls this as `each_chunk(n, ..)`
+        // would, so `k + LANES <= n = p.len()`.
+        #[inline(always)]
+        |j, k| unsafe { p.chunk(j, k) },
+    );
+    p.finish()
 }
 
 /// The forward's outputs: `y`, the per-row statistics backward needs
