@@ -61,21 +61,10 @@
 #define ATT_MAXD (32 * ATT_COLS)
 #define ATT_LD (ATT_MAXD + 1)
 
-__device__ __forceinline__ float att_exp(float a) { return expf(a); }
-__device__ __forceinline__ double att_exp(double a) { return exp(a); }
-__device__ __forceinline__ float att_log(float a) { return logf(a); }
-__device__ __forceinline__ double att_log(double a) { return log(a); }
-__device__ __forceinline__ float att_max(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double att_max(double a, double b) { return fmax(a, b); }
-template <class A> __device__ __forceinline__ A att_neg_inf();
-template <> __device__ __forceinline__ float att_neg_inf<float>() { return __int_as_float(0xff800000); }
-template <> __device__ __forceinline__ double att_neg_inf<double>() {
-    return __longlong_as_double((long long)0xfff0000000000000ull);
-}
 
 template <class A> __device__ __forceinline__ A att_warp_max(A v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = att_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = fg_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
@@ -134,7 +123,7 @@ __device__ __forceinline__ void att_fwd(const T *q, const T *k, const T *v, T *o
         A m[8], l[8], acc[8][ATT_COLS];
 #pragma unroll
         for (int rr = 0; rr < 8; ++rr) {
-            m[rr] = att_neg_inf<A>();
+            m[rr] = fg_neg_inf<A>();
             l[rr] = (A)0;
 #pragma unroll
             for (int cc = 0; cc < ATT_COLS; ++cc) acc[rr][cc] = (A)0;
@@ -151,12 +140,12 @@ __device__ __forceinline__ void att_fwd(const T *q, const T *k, const T *v, T *o
                 if (i >= t || (causal && k0 > i)) continue;  // warp-uniform
                 const int nvis = (int)(causal ? min(i - k0 + 1, (i64)ATT_ROWS)
                                               : min(t - k0, (i64)ATT_ROWS));
-                A s = att_neg_inf<A>();
+                A s = fg_neg_inf<A>();
                 if (lane < nvis)
                     s = att_dot(q + att_in(bh, 0, i, heads, t, d, packed), ks + lane * ATT_LD, d) * sc;
-                const A mn = att_max(m[rr], att_warp_max(s));
-                const A p = lane < nvis ? att_exp(s - mn) : (A)0;
-                const A corr = att_exp(m[rr] - mn);
+                const A mn = fg_max(m[rr], att_warp_max(s));
+                const A p = lane < nvis ? fg_exp(s - mn) : (A)0;
+                const A corr = fg_exp(m[rr] - mn);
                 l[rr] = l[rr] * corr + warp_sum(p);
                 m[rr] = mn;
 #pragma unroll
@@ -182,7 +171,7 @@ __device__ __forceinline__ void att_fwd(const T *q, const T *k, const T *v, T *o
                 const i64 c = lane + 32 * cc;
                 if (c < d) orow[c] = from_acc<T>(acc[rr][cc] * r);
             }
-            if (lane == 0) lse[bh * t + i] = m[rr] + att_log(l[rr]);
+            if (lane == 0) lse[bh * t + i] = m[rr] + fg_log(l[rr]);
         }
     }
 }
@@ -229,7 +218,7 @@ __device__ __forceinline__ void att_bwd_dq(const T *q, const T *k, const T *v, c
                 A ds = (A)0;
                 if (lane < nvis) {
                     const A s = att_dot(q + att_in(bh, 0, i, heads, t, d, packed), ks + lane * ATT_LD, d) * sc;
-                    const A p = att_exp(s - lse[bh * t + i]);
+                    const A p = fg_exp(s - lse[bh * t + i]);
                     const A dp = att_dot(dout + att_out(bh, i, heads, t, d, packed), vs + lane * ATT_LD, d);
                     ds = p * (dp - dsum);
                 }
@@ -290,7 +279,7 @@ __device__ __forceinline__ void att_bwd_dkv(const T *q, const T *k, const T *v, 
                 A p = (A)0, ds = (A)0;
                 if (lane >= lo && lane < hi) {
                     const A s = att_dot(k + att_in(bh, 1, j, heads, t, d, packed), qs + lane * ATT_LD, d) * sc;
-                    p = att_exp(s - lse[bh * t + i]);
+                    p = fg_exp(s - lse[bh * t + i]);
                     const A dp = att_dot(v + att_in(bh, 2, j, heads, t, d, packed), gs + lane * ATT_LD, d);
                     ds = p * (dp - dd[bh * t + i]);
                 }

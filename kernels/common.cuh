@@ -102,6 +102,38 @@ template <class A> __device__ __forceinline__ A block_sum(A v, A *scratch) {
     return warp_sum(v);
 }
 
+// Accumulator arithmetic, overloaded for float and double, so a kernel
+// templated on its accumulator type names one function. The rounded
+// operations are IEEE operations one at a time (no FMA contraction), as the
+// CPU does; exp, log and tanh are CUDA's libm.
+__device__ __forceinline__ float fg_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double fg_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float fg_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double fg_sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float fg_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double fg_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float fg_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double fg_div(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float fg_recip(float a) { return __fdiv_rn(1.0f, a); }
+__device__ __forceinline__ double fg_recip(double a) { return __ddiv_rn(1.0, a); }
+template <class A> __device__ __forceinline__ A fg_neg_inf();
+template <> __device__ __forceinline__ float fg_neg_inf<float>() { return __int_as_float(0xff800000); }
+template <> __device__ __forceinline__ double fg_neg_inf<double>() {
+    return __longlong_as_double((long long)0xfff0000000000000ull);
+}
+__device__ __forceinline__ float fg_exp(float a) { return expf(a); }
+__device__ __forceinline__ double fg_exp(double a) { return exp(a); }
+__device__ __forceinline__ float fg_log(float a) { return logf(a); }
+__device__ __forceinline__ double fg_log(double a) { return log(a); }
+__device__ __forceinline__ float fg_tanh(float a) { return tanhf(a); }
+__device__ __forceinline__ double fg_tanh(double a) { return tanh(a); }
+__device__ __forceinline__ float fg_abs(float a) { return fabsf(a); }
+__device__ __forceinline__ double fg_abs(double a) { return fabs(a); }
+__device__ __forceinline__ float fg_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double fg_max(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float fg_sqrt(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double fg_sqrt(double a) { return __dsqrt_rn(a); }
+
 // Exports a kernel for every element type: a file defines
 // `#define K(T, S) extern "C" __global__ void name_##S(const T *x, ...) {...}`
 // and writes `FG_ALL_TYPES(K)`, giving name_f32, name_f64, name_f16,

@@ -37,8 +37,6 @@
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);             \
          i += (i64)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ float fg_mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double fg_mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
 #define FG_DROPOUT(T, S)                                                          \
     extern "C" __global__ void dropout_##S(const T *x, const unsigned char *keep, \
@@ -47,7 +45,7 @@ __device__ __forceinline__ double fg_mul_rn(double a, double b) { return __dmul_
         const A s = (A)scale, zero = (A)0;                                        \
         FG_GRID_STRIDE(i, n) {                                                    \
             bool kept = (keep[i >> 3] >> (i & 7)) & 1;                            \
-            y[i] = from_acc<T>(fg_mul_rn(to_acc(x[i]), kept ? s : zero));         \
+            y[i] = from_acc<T>(fg_mul(to_acc(x[i]), kept ? s : zero));         \
         }                                                                         \
     }
 FG_ALL_TYPES(FG_DROPOUT)

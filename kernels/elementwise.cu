@@ -81,26 +81,6 @@
 //   grid = min(ceil(n / 256), 65535), block = 256, smem = 0.
 // ---------------------------------------------------------------------------
 
-// ----- exactly rounded arithmetic in A (never contracted into FMA) ---------
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
-__device__ __forceinline__ float sqrt_rn(float a) { return __fsqrt_rn(a); }
-__device__ __forceinline__ double sqrt_rn(double a) { return __dsqrt_rn(a); }
-__device__ __forceinline__ float ew_exp(float a) { return expf(a); }
-__device__ __forceinline__ double ew_exp(double a) { return exp(a); }
-__device__ __forceinline__ float ew_log(float a) { return logf(a); }
-__device__ __forceinline__ double ew_log(double a) { return log(a); }
-__device__ __forceinline__ float ew_tanh(float a) { return tanhf(a); }
-__device__ __forceinline__ double ew_tanh(double a) { return tanh(a); }
-__device__ __forceinline__ float ew_abs(float a) { return fabsf(a); }
-__device__ __forceinline__ double ew_abs(double a) { return fabs(a); }
-
 // ----- src/special.rs, ported in f64 (same operations, same order) ---------
 #define SP_TWO_OVER_SQRT_PI 1.12837916709551257390
 #define SP_FRAC_1_SQRT_2 0.70710678118654752440
@@ -196,9 +176,9 @@ __device__ double gelu_erf_slope_f64(double x) {
 // ----- activations in A (ops/elementwise/cpu.rs) ---------------------------
 // 1 / (1 + e^-x), as e^x / (1 + e^x) for negative x (no overflow).
 template <class A> __device__ __forceinline__ A ew_sigmoid(A x) {
-    if (x >= (A)0) return div_rn((A)1, add_rn((A)1, ew_exp(-x)));
-    A e = ew_exp(x);
-    return div_rn(e, add_rn((A)1, e));
+    if (x >= (A)0) return fg_div((A)1, fg_add((A)1, fg_exp(-x)));
+    A e = fg_exp(x);
+    return fg_div(e, fg_add((A)1, e));
 }
 
 #define GELU_K 0.7978845608028654
@@ -206,29 +186,29 @@ template <class A> __device__ __forceinline__ A ew_sigmoid(A x) {
 
 // 2u = 2 k (x + a x^3), constants rounded to A first (as `A::of`).
 template <class A> __device__ __forceinline__ A gelu_2u(A x) {
-    A two_k = mul_rn((A)2.0, (A)GELU_K);
-    A cube = mul_rn(mul_rn(mul_rn((A)GELU_A, x), x), x);
-    return mul_rn(two_k, add_rn(x, cube));
+    A two_k = fg_mul((A)2.0, (A)GELU_K);
+    A cube = fg_mul(fg_mul(fg_mul((A)GELU_A, x), x), x);
+    return fg_mul(two_k, fg_add(x, cube));
 }
 
 template <class A> __device__ __forceinline__ A gelu_tanh_fwd(A x) {
-    return mul_rn(x, ew_sigmoid(gelu_2u(x)));
+    return fg_mul(x, ew_sigmoid(gelu_2u(x)));
 }
 
 // s + 2 x s (1-s) k (1 + 3 a x^2) with (s, 1-s) from one exponential;
 // s alone where s (1-s) is exactly 0 (finite slope for huge |x|).
 template <class A> __device__ A gelu_tanh_slope(A x) {
     A v = gelu_2u(x);
-    A e = ew_exp(-ew_abs(v));
-    A big = div_rn((A)1, add_rn((A)1, e));
-    A small = div_rn(e, add_rn((A)1, e));
+    A e = fg_exp(-fg_abs(v));
+    A big = fg_div((A)1, fg_add((A)1, e));
+    A small = fg_div(e, fg_add((A)1, e));
     A s = v >= (A)0 ? big : small;
     A sn = v >= (A)0 ? small : big;
-    A ss = mul_rn(s, sn);
+    A ss = fg_mul(s, sn);
     if (ss == (A)0) return s;
-    A t = mul_rn(mul_rn(mul_rn((A)2.0, x), ss), (A)GELU_K);
-    A q = add_rn((A)1, mul_rn(mul_rn(mul_rn((A)3.0, (A)GELU_A), x), x));
-    return add_rn(s, mul_rn(t, q));
+    A t = fg_mul(fg_mul(fg_mul((A)2.0, x), ss), (A)GELU_K);
+    A q = fg_add((A)1, fg_mul(fg_mul(fg_mul((A)3.0, (A)GELU_A), x), x));
+    return fg_add(s, fg_mul(t, q));
 }
 
 // x^n by square-and-multiply, as Rust's powi (compiler-builtins __powi*f2):
@@ -237,12 +217,12 @@ template <class A> __device__ A ew_powi(A a, int n) {
     unsigned int p = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
     A r = (A)1;
     while (true) {
-        if (p & 1u) r = mul_rn(r, a);
+        if (p & 1u) r = fg_mul(r, a);
         p >>= 1;
         if (p == 0u) break;
-        a = mul_rn(a, a);
+        a = fg_mul(a, a);
     }
-    return n < 0 ? div_rn((A)1, r) : r;
+    return n < 0 ? fg_div((A)1, r) : r;
 }
 
 // ----- kinds ----------------------------------------------------------------
@@ -258,15 +238,15 @@ enum {
 template <int K, class A> __device__ __forceinline__ A un_op(A v, A c, int n) {
     if constexpr (K == U_FILL) return c;
     else if constexpr (K == U_NEG) return -v;
-    else if constexpr (K == U_ADD_S) return add_rn(v, c);
-    else if constexpr (K == U_MUL_S) return mul_rn(v, c);
-    else if constexpr (K == U_DIV_S) return div_rn(v, c);
+    else if constexpr (K == U_ADD_S) return fg_add(v, c);
+    else if constexpr (K == U_MUL_S) return fg_mul(v, c);
+    else if constexpr (K == U_DIV_S) return fg_div(v, c);
     else if constexpr (K == U_POWI) return ew_powi(v, n);
-    else if constexpr (K == U_SQRT) return sqrt_rn(v);
-    else if constexpr (K == U_RSQRT) return div_rn((A)1, sqrt_rn(v));
-    else if constexpr (K == U_EXP) return ew_exp(v);
-    else if constexpr (K == U_LOG) return ew_log(v);
-    else if constexpr (K == U_TANH) return ew_tanh(v);
+    else if constexpr (K == U_SQRT) return fg_sqrt(v);
+    else if constexpr (K == U_RSQRT) return fg_div((A)1, fg_sqrt(v));
+    else if constexpr (K == U_EXP) return fg_exp(v);
+    else if constexpr (K == U_LOG) return fg_log(v);
+    else if constexpr (K == U_TANH) return fg_tanh(v);
     else if constexpr (K == U_SIGMOID) return ew_sigmoid(v);
     else if constexpr (K == U_GELU_TANH) return gelu_tanh_fwd(v);
     else if constexpr (K == U_GELU_ERF) return (A)gelu_erf_f64((double)v);
@@ -275,26 +255,26 @@ template <int K, class A> __device__ __forceinline__ A un_op(A v, A c, int n) {
 
 // PowiGrad's pieces: nf = (A)(double)n, m = n - 1 unless it overflows.
 template <int K, class A> __device__ __forceinline__ A bin_op(A p, A q, int n) {
-    if constexpr (K == B_ADD) return add_rn(p, q);
-    else if constexpr (K == B_SUB) return sub_rn(p, q);
-    else if constexpr (K == B_MUL) return mul_rn(p, q);
-    else if constexpr (K == B_DIV) return div_rn(p, q);
-    else if constexpr (K == B_NEG_MUL) return -mul_rn(p, q);
+    if constexpr (K == B_ADD) return fg_add(p, q);
+    else if constexpr (K == B_SUB) return fg_sub(p, q);
+    else if constexpr (K == B_MUL) return fg_mul(p, q);
+    else if constexpr (K == B_DIV) return fg_div(p, q);
+    else if constexpr (K == B_NEG_MUL) return -fg_mul(p, q);
     else if constexpr (K == B_POWI_GRAD) {
         // n = 0: exactly 0 whatever g and x (the CPU's constant kind).
         if (n == 0) return (A)0;
-        A gn = mul_rn(p, (A)(double)n);
+        A gn = fg_mul(p, (A)(double)n);
         // n = i32::MIN, where n - 1 overflows: g n x^n / x.
-        if (n == (int)0x80000000) return div_rn(mul_rn(gn, ew_powi(q, n)), q);
-        return mul_rn(gn, ew_powi(q, n - 1));
+        if (n == (int)0x80000000) return fg_div(fg_mul(gn, ew_powi(q, n)), q);
+        return fg_mul(gn, ew_powi(q, n - 1));
     }
-    else if constexpr (K == B_SQRT_GRAD) return div_rn(p, mul_rn((A)2, q));
+    else if constexpr (K == B_SQRT_GRAD) return fg_div(p, fg_mul((A)2, q));
     else if constexpr (K == B_RSQRT_GRAD)
-        return mul_rn(mul_rn(mul_rn(mul_rn((A)-0.5, p), q), q), q);
-    else if constexpr (K == B_TANH_GRAD) return mul_rn(p, sub_rn((A)1, mul_rn(q, q)));
-    else if constexpr (K == B_SIGMOID_GRAD) return mul_rn(mul_rn(p, q), sub_rn((A)1, q));
-    else if constexpr (K == B_GELU_TANH_GRAD) return mul_rn(p, gelu_tanh_slope(q));
-    else return mul_rn(p, (A)gelu_erf_slope_f64((double)q));  // B_GELU_ERF_GRAD
+        return fg_mul(fg_mul(fg_mul(fg_mul((A)-0.5, p), q), q), q);
+    else if constexpr (K == B_TANH_GRAD) return fg_mul(p, fg_sub((A)1, fg_mul(q, q)));
+    else if constexpr (K == B_SIGMOID_GRAD) return fg_mul(fg_mul(p, q), fg_sub((A)1, q));
+    else if constexpr (K == B_GELU_TANH_GRAD) return fg_mul(p, gelu_tanh_slope(q));
+    else return fg_mul(p, (A)gelu_erf_slope_f64((double)q));  // B_GELU_ERF_GRAD
 }
 
 // ----- strided addressing ---------------------------------------------------
@@ -447,8 +427,8 @@ __device__ __forceinline__ void mul_grads_body(const T *g, const T *a, const T *
                                                i64 n) {
     EW_LOOP(i, n) {
         acc_t<T> gv = to_acc(g[i]);
-        da[i] = from_acc<T>(mul_rn(gv, to_acc(b[i])));
-        db[i] = from_acc<T>(mul_rn(gv, to_acc(a[i])));
+        da[i] = from_acc<T>(fg_mul(gv, to_acc(b[i])));
+        db[i] = from_acc<T>(fg_mul(gv, to_acc(a[i])));
     }
 }
 

@@ -65,29 +65,10 @@
 //   65535), smem = 0.
 // ---------------------------------------------------------------------------
 
-__device__ __forceinline__ float ls_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double ls_add(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float ls_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double ls_sub(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float ls_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double ls_mul(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float ls_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double ls_div(double a, double b) { return __ddiv_rn(a, b); }
-__device__ __forceinline__ float ls_exp(float a) { return expf(a); }
-__device__ __forceinline__ double ls_exp(double a) { return exp(a); }
-__device__ __forceinline__ float ls_log(float a) { return logf(a); }
-__device__ __forceinline__ double ls_log(double a) { return log(a); }
-__device__ __forceinline__ float ls_max(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double ls_max(double a, double b) { return fmax(a, b); }
-template <class A> __device__ __forceinline__ A ls_neg_inf();
-template <> __device__ __forceinline__ float ls_neg_inf<float>() { return __int_as_float(0xff800000); }
-template <> __device__ __forceinline__ double ls_neg_inf<double>() {
-    return __longlong_as_double((long long)0xfff0000000000000ull);
-}
 
 template <class A> __device__ __forceinline__ A ls_warp_max(A v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = ls_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = fg_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
@@ -98,9 +79,9 @@ __device__ __forceinline__ void final_body(const acc_t<T> *part, T *y, i64 npart
     __shared__ A sh[32];
     if (blockIdx.x != 0) return;  // one block does it all (uniform exit)
     A s = (A)0;
-    for (i64 j = threadIdx.x; j < nparts; j += blockDim.x) s = ls_add(s, part[j]);
+    for (i64 j = threadIdx.x; j < nparts; j += blockDim.x) s = fg_add(s, part[j]);
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) y[0] = from_acc<T>(ls_div(s, (A)n));
+    if (threadIdx.x == 0) y[0] = from_acc<T>(fg_div(s, (A)n));
 }
 
 // ----- mse ----------------------------------------------------------------------
@@ -115,8 +96,8 @@ __device__ __forceinline__ void mse_part_body(const T *p, const T *t, acc_t<T> *
         A s = (A)0;
 #pragma unroll 4
         for (i64 i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
-            const A d = ls_sub(to_acc(p[i]), to_acc(t[i]));
-            s = ls_add(s, ls_mul(d, d));
+            const A d = fg_sub(to_acc(p[i]), to_acc(t[i]));
+            s = fg_add(s, fg_mul(d, d));
         }
         s = block_sum(s, sh);
         if (threadIdx.x == 0) part[c] = s;
@@ -128,11 +109,11 @@ __device__ __forceinline__ void mse_grad_body(const T *g, const T *p, const T *t
                                               double sign) {
     typedef acc_t<T> A;
     // k = two g / N, ks = k sign (two = 1 + 1 = 2 exactly).
-    const A k = ls_div(ls_mul((A)2, to_acc(g[0])), (A)n);
-    const A ks = ls_mul(k, (A)sign);
+    const A k = fg_div(fg_mul((A)2, to_acc(g[0])), (A)n);
+    const A ks = fg_mul(k, (A)sign);
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
-        dx[i] = from_acc<T>(ls_mul(ks, ls_sub(to_acc(p[i]), to_acc(t[i]))));
+        dx[i] = from_acc<T>(fg_mul(ks, fg_sub(to_acc(p[i]), to_acc(t[i]))));
 }
 
 // ----- cross-entropy ---------------------------------------------------------------
@@ -150,25 +131,25 @@ __device__ __forceinline__ void ce_fwd_body(const T *x, const i64 *targets, acc_
     const i64 step = BLK ? (i64)gridDim.x : (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 r = first; r < n; r += step) {
         const T *xr = x + r * c;
-        A m = ls_neg_inf<A>();
-        for (i64 j = t0; j < c; j += nt) m = ls_max(m, to_acc(xr[j]));
+        A m = fg_neg_inf<A>();
+        for (i64 j = t0; j < c; j += nt) m = fg_max(m, to_acc(xr[j]));
         m = ls_warp_max(m);
         if constexpr (BLK) {
             const int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
             __syncthreads();
             if (lane == 0) sh[w] = m;
             __syncthreads();
-            m = ls_warp_max(lane < nw ? sh[lane] : ls_neg_inf<A>());
+            m = ls_warp_max(lane < nw ? sh[lane] : fg_neg_inf<A>());
         }
         A s = (A)0;
-        for (i64 j = t0; j < c; j += nt) s = ls_add(s, ls_exp(ls_sub(to_acc(xr[j]), m)));
+        for (i64 j = t0; j < c; j += nt) s = fg_add(s, fg_exp(fg_sub(to_acc(xr[j]), m)));
         if constexpr (BLK) s = block_sum(s, sh);
         else s = warp_sum(s);
         if (t0 == 0) {
-            const A ls = ls_log(s);
+            const A ls = fg_log(s);
             row_max[r] = m;
             row_lse[r] = ls;
-            row_loss[r] = ls_add(ls_sub(m, to_acc(xr[targets[r]])), ls);
+            row_loss[r] = fg_add(fg_sub(m, to_acc(xr[targets[r]])), ls);
         }
     }
 }
@@ -178,13 +159,13 @@ __device__ __forceinline__ void ce_bwd_body(const T *g, const T *x, const i64 *t
                                             const acc_t<T> *row_max, const acc_t<T> *row_lse,
                                             T *dx, i64 n, i64 c) {
     typedef acc_t<T> A;
-    const A k = ls_div(to_acc(g[0]), (A)n);
+    const A k = fg_div(to_acc(g[0]), (A)n);
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n * c;
          e += (i64)gridDim.x * blockDim.x) {
         const i64 r = e / c, j = e - r * c;
-        const A p = ls_exp(ls_sub(ls_sub(to_acc(x[e]), row_max[r]), row_lse[r]));
+        const A p = fg_exp(fg_sub(fg_sub(to_acc(x[e]), row_max[r]), row_lse[r]));
         const A onehot = j == targets[r] ? (A)1 : (A)0;
-        dx[e] = from_acc<T>(ls_mul(k, ls_sub(p, onehot)));
+        dx[e] = from_acc<T>(fg_mul(k, fg_sub(p, onehot)));
     }
 }
 

@@ -163,18 +163,8 @@ constexpr int BIG_U = 4;         // chunks per thread in flight on the streaming
 template <class T> __host__ __device__ constexpr int vec_of() { return 16 / (int)sizeof(T); }
 template <class T> __host__ __device__ constexpr int nvb() { return 2; }
 
-// ---- IEEE operations one at a time (no FMA contraction), as the CPU does.
-__device__ __forceinline__ float add_(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float sub_(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sub_(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float mul_(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float div_(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double div_(double a, double b) { return __ddiv_rn(a, b); }
-__device__ __forceinline__ float sqrt_(float a) { return __fsqrt_rn(a); }
-__device__ __forceinline__ double sqrt_(double a) { return __dsqrt_rn(a); }
-
+// ---- Finiteness. (IEEE operations one at a time, no FMA contraction, as the
+// CPU does: common.cuh's fg_add, fg_sub, fg_mul, fg_div, fg_sqrt.)
 __device__ __forceinline__ bool finite_(float a) { return fabsf(a) <= __int_as_float(0x7f7fffff); }
 __device__ __forceinline__ bool finite_(double a) {
     return fabs(a) <= __longlong_as_double(0x7fefffffffffffffLL);
@@ -268,8 +258,6 @@ template <class T> __device__ __forceinline__ T raw_elem(const u32 *w, int e) {
         return (T)Raw<T>::get(w, e);
     }
 }
-__device__ __forceinline__ float abs_(float a) { return fabsf(a); }
-__device__ __forceinline__ double abs_(double a) { return fabs(a); }
 
 // ---- Which elements of a row a thread owns (lane of a team of tpr).
 // Element e (< VEC) of the thread's chunk k is at off + k*kstride + e*estride
@@ -463,7 +451,7 @@ __device__ __forceinline__ FwdSlow fwd_slow(const T *__restrict__ xr, const T *_
     const i64 dn = active ? d : 0;
     A am[1] = {0};
 #pragma unroll 1
-    for (i64 j = lane; j < dn; j += tpr) am[0] = nan_max(am[0], abs_(to_acc(xr[j])));
+    for (i64 j = lane; j < dn; j += tpr) am[0] = nan_max(am[0], fg_abs(to_acc(xr[j])));
     team_reduce<A, 1, true>(am, r);
     // Only rows with every value finite are rescued; NaN/inf propagate.
     const bool sc = active && finite_(am[0]);
@@ -499,9 +487,9 @@ __device__ __forceinline__ FwdSlow fwd_slow(const T *__restrict__ xr, const T *_
             const double bd = (CEN && beta) ? (double)to_acc(beta[j]) : 0.0;
             yr[j] = from_f64<T>(__dadd_rn(__dmul_rn(rn.xhat((double)v), gd), bd));
         } else {
-            A t = CEN ? mul_(sub_(v, mean), rstd) : mul_(v, rstd);
-            if (gamma) t = mul_(t, to_acc(gamma[j]));
-            if (CEN && beta) t = add_(t, to_acc(beta[j]));
+            A t = CEN ? fg_mul(fg_sub(v, mean), rstd) : fg_mul(v, rstd);
+            if (gamma) t = fg_mul(t, to_acc(gamma[j]));
+            if (CEN && beta) t = fg_add(t, to_acc(beta[j]));
             yr[j] = from_acc<T>(t);
         }
     }
@@ -525,7 +513,7 @@ __device__ __forceinline__ BwdSlow bwd_slow(const T *__restrict__ xr, const T *_
     const i64 dn = active ? d : 0;
     A am[1] = {0};
 #pragma unroll 1
-    for (i64 j = lane; j < dn; j += tpr) am[0] = nan_max(am[0], abs_(to_acc(xr[j])));
+    for (i64 j = lane; j < dn; j += tpr) am[0] = nan_max(am[0], fg_abs(to_acc(xr[j])));
     team_reduce<A, 1, true>(am, r);
     const bool sc = active && finite_(am[0]);
     BwdSlow o;
@@ -661,7 +649,7 @@ __device__ __forceinline__ acc_t<T> chunk_shift_sum(const u32 *w, const Map &m, 
     constexpr int VEC = vec_of<T>();
 #pragma unroll
     for (int e = 0; e < VEC; ++e)
-        if (has<T>(m, k, e)) s = add_(s, sub_(Raw<T>::get(w, e), x0));
+        if (has<T>(m, k, e)) s = fg_add(s, fg_sub(Raw<T>::get(w, e), x0));
     return s;
 }
 template <class T, bool CEN>
@@ -671,8 +659,8 @@ __device__ __forceinline__ acc_t<T> chunk_sq_sum(const u32 *w, const Map &m, i64
 #pragma unroll
     for (int e = 0; e < VEC; ++e)
         if (has<T>(m, k, e)) {
-            const A c = CEN ? sub_(Raw<T>::get(w, e), mean) : Raw<T>::get(w, e);
-            q = add_(q, mul_(c, c));
+            const A c = CEN ? fg_sub(Raw<T>::get(w, e), mean) : Raw<T>::get(w, e);
+            q = fg_add(q, fg_mul(c, c));
         }
     return q;
 }
@@ -693,9 +681,9 @@ __device__ __forceinline__ void fwd_out_chunk(T *__restrict__ yr, const T *__res
     for (int e = 0; e < VEC; ++e) {
         if (has<T>(m, k, e)) {
             const A v = Raw<T>::get(w, e);
-            A t = CEN ? mul_(sub_(v, mean), rstd) : mul_(v, rstd);
-            if (gamma) t = mul_(t, Raw<T>::get(gw, e));
-            if (CEN && beta) t = add_(t, Raw<T>::get(bw, e));
+            A t = CEN ? fg_mul(fg_sub(v, mean), rstd) : fg_mul(v, rstd);
+            if (gamma) t = fg_mul(t, Raw<T>::get(gw, e));
+            if (CEN && beta) t = fg_add(t, Raw<T>::get(bw, e));
             Raw<T>::put(ow, e, from_acc<T>(t));
         }
     }
@@ -730,9 +718,9 @@ __device__ __forceinline__ void fwd_out16(T *yp, const T *gp, const T *bp, const
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
         const A v = Raw<T>::get(w, e);
-        A t = CEN ? mul_(sub_(v, mean), rstd) : mul_(v, rstd);
-        if (gp) t = mul_(t, Raw<T>::get(gw, e));
-        if (CEN && bp) t = add_(t, Raw<T>::get(bw, e));
+        A t = CEN ? fg_mul(fg_sub(v, mean), rstd) : fg_mul(v, rstd);
+        if (gp) t = fg_mul(t, Raw<T>::get(gw, e));
+        if (CEN && bp) t = fg_add(t, Raw<T>::get(bw, e));
         Raw<T>::put(ow, e, from_acc<T>(t));
     }
     st16(yp, ow);
@@ -766,9 +754,9 @@ __device__ __forceinline__ void fwd_row_held(const T *__restrict__ x, const T *_
         for (int k = 0; k < NV; ++k)
             if (k < nk) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) s = add_(s, sub_(Raw<T>::get(w[k], e), x0));
+                for (int e = 0; e < VEC; ++e) s = fg_add(s, fg_sub(Raw<T>::get(w[k], e), x0));
             }
-        mean = add_(x0, div_(team_sum(s, g.r), (A)d));
+        mean = fg_add(x0, fg_div(team_sum(s, g.r), (A)d));
     }
     A q = 0;
 #pragma unroll
@@ -776,11 +764,11 @@ __device__ __forceinline__ void fwd_row_held(const T *__restrict__ x, const T *_
         if (k < nk) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-                const A c = CEN ? sub_(Raw<T>::get(w[k], e), mean) : Raw<T>::get(w[k], e);
-                q = add_(q, mul_(c, c));
+                const A c = CEN ? fg_sub(Raw<T>::get(w[k], e), mean) : Raw<T>::get(w[k], e);
+                q = fg_add(q, fg_mul(c, c));
             }
         }
-    A rstd = div_((A)1, sqrt_(add_(div_(team_sum(q, g.r), (A)d), eps)));
+    A rstd = fg_div((A)1, fg_sqrt(fg_add(fg_div(team_sum(q, g.r), (A)d), eps)));
     T *yr = y + row * d;
     const bool slow = valid && !trusted(mean, rstd);
     if (__any_sync(FGN_FULL, slow)) {
@@ -815,11 +803,11 @@ __device__ __forceinline__ void fwd_row_big(const T *__restrict__ x, const T *__
         const A x0 = valid ? to_acc(xr[0]) : (A)0;
         A s = 0;
         stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) { s = chunk_shift_sum<T>(w, m, k, x0, s); });
-        mean = add_(x0, div_(team_sum(s, g.r), (A)d));
+        mean = fg_add(x0, fg_div(team_sum(s, g.r), (A)d));
     }
     A q = 0;
     stream1<T>(xr, m, kn, vec, [&](i64 k, const u32 *w) { q = chunk_sq_sum<T, CEN>(w, m, k, mean, q); });
-    A rstd = div_((A)1, sqrt_(add_(div_(team_sum(q, g.r), (A)d), eps)));
+    A rstd = fg_div((A)1, fg_sqrt(fg_add(fg_div(team_sum(q, g.r), (A)d), eps)));
     T *yr = y + row * d;
     const bool slow = valid && !trusted(mean, rstd);
     if (__any_sync(FGN_FULL, slow)) {
@@ -901,10 +889,10 @@ __device__ __forceinline__ void bwd_sums16(const u32 *xw, const u32 *dw, const u
     for (int e = 0; e < VEC; ++e) {
         if (e < ne) {
             const A xv = Raw<T>::get(xw, e), dv = Raw<T>::get(dw, e);
-            const A xh = CEN ? mul_(sub_(xv, mm), rs) : mul_(xv, rs);
-            const A gg = has_g ? mul_(dv, Raw<T>::get(gw, e)) : dv;
-            if (CEN) s1 = add_(s1, gg);
-            s2 = add_(s2, mul_(gg, xh));
+            const A xh = CEN ? fg_mul(fg_sub(xv, mm), rs) : fg_mul(xv, rs);
+            const A gg = has_g ? fg_mul(dv, Raw<T>::get(gw, e)) : dv;
+            if (CEN) s1 = fg_add(s1, gg);
+            s2 = fg_add(s2, fg_mul(gg, xh));
         }
     }
 }
@@ -921,12 +909,12 @@ __device__ __forceinline__ void bwd_out16(u32 *ow, const u32 *xw, const u32 *dw,
         for (int e = 0; e < VEC; ++e) {
             if (e < ne) {
                 const A xv = Raw<T>::get(xw, e), dv = Raw<T>::get(dw, e);
-                const A xh = CEN ? mul_(sub_(xv, b.m), b.rs) : mul_(xv, b.rs);
-                const A gg = has_g ? mul_(dv, Raw<T>::get(gw, e)) : dv;
+                const A xh = CEN ? fg_mul(fg_sub(xv, b.m), b.rs) : fg_mul(xv, b.rs);
+                const A gg = has_g ? fg_mul(dv, Raw<T>::get(gw, e)) : dv;
                 // CPU order: r * (g - <g> - xhat <g xhat>), no <g> for RMSNorm.
-                const A t = CEN ? sub_(sub_(gg, b.mg), mul_(xh, b.mgx)) : sub_(gg, mul_(xh, b.mgx));
-                Raw<T>::put(ow, e, from_acc<T>(mul_(b.rs, t)));
-                add_part(e, mul_(dv, xh), dv);
+                const A t = CEN ? fg_sub(fg_sub(gg, b.mg), fg_mul(xh, b.mgx)) : fg_sub(gg, fg_mul(xh, b.mgx));
+                Raw<T>::put(ow, e, from_acc<T>(fg_mul(b.rs, t)));
+                add_part(e, fg_mul(dv, xh), dv);
             }
         }
     } else {
@@ -962,12 +950,12 @@ __device__ __forceinline__ bool bwd_decide(BwdRow<acc_t<T>> &b, acc_t<T> s1, acc
                                            const T *dr, const T *gamma, bool valid, double eps, Geo &g) {
     typedef acc_t<T> A;
     if (CEN) {
-        const A inv_d = div_((A)1, (A)g.m.d);
-        b.mg = mul_(s1, inv_d);
-        b.mgx = mul_(s2, inv_d);
+        const A inv_d = fg_div((A)1, (A)g.m.d);
+        b.mg = fg_mul(s1, inv_d);
+        b.mgx = fg_mul(s2, inv_d);
     } else {
         b.mg = 0;
-        b.mgx = div_(s2, (A)g.m.d);
+        b.mgx = fg_div(s2, (A)g.m.d);
     }
     b.s.scaled = false;
     const bool ok = finite_(b.m) && b.rs >= min_normal(b.rs) && b.rs <= rstd_limit(b.rs) && finite_(s1) &&
@@ -1018,8 +1006,8 @@ __device__ __forceinline__ void bwd_row_held(const T *__restrict__ x, const T *_
     T *dxr = dx + row * d;
     auto add_part = [&](int k, int e, A tg, A tb) {
         if (want_p) {
-            pg[k][e] = add_(pg[k][e], tg);
-            if (CEN) pb[k][e] = add_(pb[k][e], tb);
+            pg[k][e] = fg_add(pg[k][e], tg);
+            if (CEN) pb[k][e] = fg_add(pb[k][e], tb);
         }
     };
     if (__any_sync(FGN_FULL, slow)) {
@@ -1095,8 +1083,8 @@ __device__ __forceinline__ void bwd_row_big(const T *__restrict__ x, const T *__
             if (prow) {
                 const i64 j = eidx<T>(m, k, e);
                 // From 0 at the range's first row, as the held path's registers.
-                prow[j] = add_(first ? (A)0 : prow[j], tg);
-                if (CEN) prow[d + j] = add_(first ? (A)0 : prow[d + j], tb);
+                prow[j] = fg_add(first ? (A)0 : prow[j], tg);
+                if (CEN) prow[d + j] = fg_add(first ? (A)0 : prow[d + j], tb);
             }
         }, present<T>(m, k));
         if (dx) store_chunk<T>(dxr, ow, m, k, vec);
@@ -1194,16 +1182,16 @@ __device__ __forceinline__ void finalize(const acc_t<T> *__restrict__ part, T *_
             for (; p + 24 < nparts; p += 32) {
                 const A a0 = part[p * W + col], a1 = part[(p + 8) * W + col];
                 const A a2 = part[(p + 16) * W + col], a3 = part[(p + 24) * W + col];
-                s = add_(add_(add_(add_(s, a0), a1), a2), a3);
+                s = fg_add(fg_add(fg_add(fg_add(s, a0), a1), a2), a3);
             }
-            for (; p < nparts; p += 8) s = add_(s, part[p * W + col]);
+            for (; p < nparts; p += 8) s = fg_add(s, part[p * W + col]);
         }
         sm[sl][lane] = s;
         __syncthreads();
         if (sl == 0 && col < W) {
             A t = sm[0][lane];
 #pragma unroll
-            for (int j = 1; j < 8; ++j) t = add_(t, sm[j][lane]);
+            for (int j = 1; j < 8; ++j) t = fg_add(t, sm[j][lane]);
             if (col < d) {
                 if (dgamma) dgamma[col] = from_acc<T>(t);
             } else if (CEN && dbeta) {

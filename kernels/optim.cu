@@ -70,19 +70,6 @@
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);             \
          i += (i64)gridDim.x * blockDim.x)
 
-// Correctly rounded, never-fused arithmetic in A (float or double): each
-// call is one IEEE operation, like one Rust operator on the CPU.
-__device__ __forceinline__ float fg_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double fg_add(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float fg_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double fg_sub(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float fg_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double fg_mul(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float fg_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double fg_div(double a, double b) { return __ddiv_rn(a, b); }
-__device__ __forceinline__ float fg_sqrt(float a) { return __fsqrt_rn(a); }
-__device__ __forceinline__ double fg_sqrt(double a) { return __dsqrt_rn(a); }
-
 // Rule::Sgd: w - lr (g + wd w).
 template <class T>
 __device__ __forceinline__ void sgd_impl(const T *p, const T *g, T *p_out, i64 n,

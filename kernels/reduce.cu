@@ -82,10 +82,6 @@
 //   smem = 0 (32 A statically).
 // ---------------------------------------------------------------------------
 
-// s / d as one IEEE division whatever the host's fast-math flags.
-__device__ __forceinline__ float rd_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double rd_div(double a, double b) { return __ddiv_rn(a, b); }
-
 #define RD_BLOCK_LOOP(w, n) for (i64 w = blockIdx.x; w < (n); w += gridDim.x)
 #define RD_THREAD_LOOP(t, n)                                                         \
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < (n);               \
@@ -106,7 +102,7 @@ __device__ __forceinline__ void rows_body(const Tin *x, T *y, i64 outer, i64 r, 
 #pragma unroll 4
         for (i64 k = lane; k < r; k += 32) s += to_acc(row[k]);
         s = warp_sum(s);
-        if (lane == 0) y[o] = from_acc<T>(rd_div(s, d));
+        if (lane == 0) y[o] = from_acc<T>(fg_div(s, d));
     }
 }
 
@@ -142,7 +138,7 @@ __device__ __forceinline__ void cols_body(const Tin *x, T *y, i64 outer, i64 r, 
         A s = (A)0;
 #pragma unroll 4
         for (i64 k = 0; k < r; ++k) s += to_acc(p[k * inner]);
-        y[t] = from_acc<T>(rd_div(s, d));
+        y[t] = from_acc<T>(fg_div(s, d));
     }
 }
 
@@ -205,7 +201,7 @@ __device__ __forceinline__ void strided_body(const T *x, T *y, const Strides &s,
                 acc += to_acc(base[rd_offset(s, nkeep, s.rank, j)]);
         }
         acc = block_sum(acc, sh);
-        if (threadIdx.x == 0) y[o] = from_acc<T>(rd_div(acc, d));
+        if (threadIdx.x == 0) y[o] = from_acc<T>(fg_div(acc, d));
     }
 }
 

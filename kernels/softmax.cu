@@ -52,29 +52,12 @@
 //   exactly as the matching forward.
 // ---------------------------------------------------------------------------
 
-__device__ __forceinline__ float sm_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sm_sub(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float sm_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double sm_mul(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float sm_recip(float a) { return __fdiv_rn(1.0f, a); }
-__device__ __forceinline__ double sm_recip(double a) { return __ddiv_rn(1.0, a); }
-__device__ __forceinline__ float sm_exp(float a) { return expf(a); }
-__device__ __forceinline__ double sm_exp(double a) { return exp(a); }
-__device__ __forceinline__ float sm_log(float a) { return logf(a); }
-__device__ __forceinline__ double sm_log(double a) { return log(a); }
-__device__ __forceinline__ float sm_max(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double sm_max(double a, double b) { return fmax(a, b); }
-template <class A> __device__ __forceinline__ A sm_neg_inf();
-template <> __device__ __forceinline__ float sm_neg_inf<float>() { return __int_as_float(0xff800000); }
-template <> __device__ __forceinline__ double sm_neg_inf<double>() {
-    return __longlong_as_double((long long)0xfff0000000000000ull);
-}
 
 // Butterfly max (fmax, NaN-skipping; the order is irrelevant for max but
 // kept fixed anyway).
 template <class A> __device__ __forceinline__ A sm_warp_max(A v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = sm_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = fg_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
@@ -90,7 +73,7 @@ template <bool BLK, class A> __device__ __forceinline__ A grp_max(A v, A *sh) {
         __syncthreads();  // earlier readers of sh are done
         if (lane == 0) sh[w] = v;
         __syncthreads();
-        v = lane < nw ? sh[lane] : sm_neg_inf<A>();
+        v = lane < nw ? sh[lane] : fg_neg_inf<A>();
         v = sm_warp_max(v);
     }
     return v;
@@ -120,18 +103,18 @@ __device__ __forceinline__ void fwd_rows(const T *x, T *y, i64 rows, i64 d, int 
     for (i64 r = grp_first<BLK>(); r < rows; r += grp_step<BLK>()) {
         const T *xr = x + r * d;
         T *yr = y + r * d;
-        A m = sm_neg_inf<A>();
-        for (i64 k = t0; k < d; k += nt) m = sm_max(m, to_acc(xr[k]));
+        A m = fg_neg_inf<A>();
+        for (i64 k = t0; k < d; k += nt) m = fg_max(m, to_acc(xr[k]));
         m = grp_max<BLK>(m, sh);
         A s = (A)0;
-        for (i64 k = t0; k < d; k += nt) s += sm_exp(sm_sub(to_acc(xr[k]), m));
+        for (i64 k = t0; k < d; k += nt) s += fg_exp(fg_sub(to_acc(xr[k]), m));
         s = grp_sum<BLK>(s, sh);
         if (log) {
-            const A ls = sm_log(s);
-            for (i64 k = t0; k < d; k += nt) yr[k] = from_acc<T>(sm_sub(sm_sub(to_acc(xr[k]), m), ls));
+            const A ls = fg_log(s);
+            for (i64 k = t0; k < d; k += nt) yr[k] = from_acc<T>(fg_sub(fg_sub(to_acc(xr[k]), m), ls));
         } else {
-            const A rs = sm_recip(s);
-            for (i64 k = t0; k < d; k += nt) yr[k] = from_acc<T>(sm_mul(sm_exp(sm_sub(to_acc(xr[k]), m)), rs));
+            const A rs = fg_recip(s);
+            for (i64 k = t0; k < d; k += nt) yr[k] = from_acc<T>(fg_mul(fg_exp(fg_sub(to_acc(xr[k]), m)), rs));
         }
     }
 }
@@ -148,15 +131,15 @@ __device__ __forceinline__ void bwd_rows(const T *y, const T *g, T *dx, i64 rows
         if (log) {
             for (i64 k = t0; k < d; k += nt) t += to_acc(gr[k]);
         } else {
-            for (i64 k = t0; k < d; k += nt) t += sm_mul(to_acc(gr[k]), to_acc(yr[k]));
+            for (i64 k = t0; k < d; k += nt) t += fg_mul(to_acc(gr[k]), to_acc(yr[k]));
         }
         t = grp_sum<BLK>(t, sh);
         if (log) {
             for (i64 k = t0; k < d; k += nt)
-                dr[k] = from_acc<T>(sm_sub(to_acc(gr[k]), sm_mul(sm_exp(to_acc(yr[k])), t)));
+                dr[k] = from_acc<T>(fg_sub(to_acc(gr[k]), fg_mul(fg_exp(to_acc(yr[k])), t)));
         } else {
             for (i64 k = t0; k < d; k += nt)
-                dr[k] = from_acc<T>(sm_mul(to_acc(yr[k]), sm_sub(to_acc(gr[k]), t)));
+                dr[k] = from_acc<T>(fg_mul(to_acc(yr[k]), fg_sub(to_acc(gr[k]), t)));
         }
     }
 }
@@ -171,18 +154,18 @@ __device__ __forceinline__ void fwd_cols(const T *x, T *y, i64 outer, i64 d, i64
         const i64 o = l / inner, i = l - o * inner;
         const T *xl = x + o * d * inner + i;
         T *yl = y + o * d * inner + i;
-        A m = sm_neg_inf<A>();
-        for (i64 k = 0; k < d; ++k) m = sm_max(m, to_acc(xl[k * inner]));
+        A m = fg_neg_inf<A>();
+        for (i64 k = 0; k < d; ++k) m = fg_max(m, to_acc(xl[k * inner]));
         A s = (A)0;
-        for (i64 k = 0; k < d; ++k) s += sm_exp(sm_sub(to_acc(xl[k * inner]), m));
+        for (i64 k = 0; k < d; ++k) s += fg_exp(fg_sub(to_acc(xl[k * inner]), m));
         if (log) {
-            const A ls = sm_log(s);
+            const A ls = fg_log(s);
             for (i64 k = 0; k < d; ++k)
-                yl[k * inner] = from_acc<T>(sm_sub(sm_sub(to_acc(xl[k * inner]), m), ls));
+                yl[k * inner] = from_acc<T>(fg_sub(fg_sub(to_acc(xl[k * inner]), m), ls));
         } else {
-            const A rs = sm_recip(s);
+            const A rs = fg_recip(s);
             for (i64 k = 0; k < d; ++k)
-                yl[k * inner] = from_acc<T>(sm_mul(sm_exp(sm_sub(to_acc(xl[k * inner]), m)), rs));
+                yl[k * inner] = from_acc<T>(fg_mul(fg_exp(fg_sub(to_acc(xl[k * inner]), m)), rs));
         }
     }
 }
@@ -202,12 +185,12 @@ __device__ __forceinline__ void bwd_cols(const T *y, const T *g, T *dx, i64 oute
             for (i64 k = 0; k < d; ++k) t += to_acc(gl[k * inner]);
             for (i64 k = 0; k < d; ++k)
                 dl[k * inner] = from_acc<T>(
-                    sm_sub(to_acc(gl[k * inner]), sm_mul(sm_exp(to_acc(yl[k * inner])), t)));
+                    fg_sub(to_acc(gl[k * inner]), fg_mul(fg_exp(to_acc(yl[k * inner])), t)));
         } else {
-            for (i64 k = 0; k < d; ++k) t += sm_mul(to_acc(gl[k * inner]), to_acc(yl[k * inner]));
+            for (i64 k = 0; k < d; ++k) t += fg_mul(to_acc(gl[k * inner]), to_acc(yl[k * inner]));
             for (i64 k = 0; k < d; ++k)
                 dl[k * inner] =
-                    from_acc<T>(sm_mul(to_acc(yl[k * inner]), sm_sub(to_acc(gl[k * inner]), t)));
+                    from_acc<T>(fg_mul(to_acc(yl[k * inner]), fg_sub(to_acc(gl[k * inner]), t)));
         }
     }
 }
