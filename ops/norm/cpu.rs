@@ -1,6 +1,10 @@
-//! CPU kernels for the fused norms: one kernel set, const-generic in `C`
-//! (centre: LayerNorm's mean pass, `<g>` term and dbeta; RMSNorm without
-//! them, its mean taken as 0).
+//! CPU kernels for the fused norms: one kernel set for both. RMSNorm runs
+//! LayerNorm's arithmetic with a mean of 0 and a shift of -0 (exact: `x -
+//! 0` is `x`, `v + -0` is `v`, `g - 0` is `g`, so the bits are those of
+//! leaving them out), and a run-time `centre` flag skips, row by row, what
+//! it does not need: the mean pass and the dbeta partials. A flag, not a
+//! const parameter: each SIMD build of these kernels is compiled once, not
+//! once per norm.
 //!
 //! Work split: rows are cut into chunks of [`rows_per_chunk`]`(d)` rows (a
 //! function of the row length only). The forward runs one rayon task per
@@ -91,29 +95,21 @@ fn rows_at_mut<A, const R: usize>(y: &mut [A], i: usize, d: usize) -> [&mut [A];
     })
 }
 
-/// `xhat = (x - m) * r` for the lanes at `x[i..]` (`x * r` unless `C`).
+/// `xhat = (x - m) * r` for the lanes at `x[i..]` (RMSNorm's `m` is 0,
+/// and `x - 0` is `x` exactly).
 ///
 /// # Safety
 /// `i + LANES <= x.len()`.
 #[inline(always)]
-unsafe fn xhat_at<T: Element, V: Lanes<T>, const C: bool>(x: &[T], i: usize, m: V, r: V) -> V {
+unsafe fn xhat_at<T: Element, V: Lanes<T>>(x: &[T], i: usize, m: V, r: V) -> V {
     // SAFETY: the caller's contract.
-    let v = unsafe { V::load_at(x, i) };
-    if C {
-        v.sub(m).mul(r)
-    } else {
-        v.mul(r)
-    }
+    unsafe { V::load_at(x, i) }.sub(m).mul(r)
 }
 
-/// `xhat = (x - m) * r` for `x[i]` (zero past the end; `x * r` unless `C`).
+/// `xhat = (x - m) * r` for `x[i]` (zero past the end).
 #[inline(always)]
-fn xhat_one<T: Element, const C: bool>(x: &[T], i: usize, m: Acc<T>, r: Acc<T>) -> Acc<T> {
-    if C {
-        (wide(x, i) - m) * r
-    } else {
-        wide(x, i) * r
-    }
+fn xhat_one<T: Element>(x: &[T], i: usize, m: Acc<T>, r: Acc<T>) -> Acc<T> {
+    (wide(x, i) - m) * r
 }
 
 mod backward;

@@ -196,7 +196,7 @@ fn check_args<T: Element>(names: [&'static str; 3], a: Args<'_, T>) -> Result<(T
 }
 
 /// The fused norm op; inputs `[x, gamma?, beta?]`.
-struct Norm<A> {
+struct FusedNorm<A> {
     centre: bool,
     normalized: Vec<usize>,
     d: usize,
@@ -271,7 +271,7 @@ fn cpu_side<'a, T: Element>(
     }
 }
 
-impl<T: Element> Op<T> for Norm<T::Acc> {
+impl<T: Element> Op<T> for FusedNorm<T::Acc> {
     type State = NormState<T>;
 
     fn name(&self) -> &'static str {
@@ -485,7 +485,7 @@ fn norm_nd<T: Element>(
         has_gamma: gamma.is_some(),
         has_beta: beta.is_some(),
     };
-    let op = Norm {
+    let op = FusedNorm {
         centre,
         normalized: spec.normalized.clone(),
         d,

@@ -1,6 +1,6 @@
 //! The fused norms' backward kernel: pass A (row sums and the
-//! dgamma/dbeta partials), then pass B (`dx`). Without `C` (RMSNorm) the
-//! mean is 0 and there is no `<g>` term and no dbeta partial.
+//! dgamma/dbeta partials), then pass B (`dx`). Without `centre` (RMSNorm)
+//! the mean is 0, the `<g>` term 0 and no dbeta partial is added.
 
 use super::*;
 
@@ -49,37 +49,37 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> Rows<'a, T, V, R> {
         }
     }
 
-    /// Row `s`'s chunk at `i`: `(xhat, dy)` (`C` as in [`xhat_at`]); with
+    /// Row `s`'s chunk at `i`: `(xhat, dy)`; with
     /// `pf`, prefetches ahead of it (rows read from memory, not the cached
     /// `prev`).
     ///
     /// # Safety
     /// `i + LANES` within row `s`'s slices.
     #[inline(always)]
-    unsafe fn load<const C: bool>(&self, s: usize, i: usize, pf: bool) -> (V, V) {
+    unsafe fn load(&self, s: usize, i: usize, pf: bool) -> (V, V) {
         // SAFETY: the caller's contract.
         unsafe {
             if pf {
                 prefetch::<T, R>(self.x[s], i);
                 prefetch::<T, R>(self.dy[s], i);
             }
-            let xh = xhat_at::<T, V, C>(self.x[s], i, self.mv[s], self.rv[s]);
+            let xh = xhat_at(self.x[s], i, self.mv[s], self.rv[s]);
             (xh, V::load_at(self.dy[s], i))
         }
     }
 
     /// Adds the rows' terms at `k` past the last whole chunk to the
-    /// partials, row after row (dbeta's only if `C`).
+    /// partials, row after row (dbeta's only if `centre`).
     #[inline(always)]
-    fn add_tail<const C: bool>(&self, part: &mut [Acc<T>], lay: Layout, t: usize, n: usize) {
+    fn add_tail(&self, part: &mut [Acc<T>], (lay, centre): (Layout, bool), t: usize, n: usize) {
         for s in 0..R {
             for k in t..n {
-                let xh = xhat_one::<T, C>(self.x[s], k, self.m[s], self.r[s]);
+                let xh = xhat_one(self.x[s], k, self.m[s], self.r[s]);
                 let dyv = wide(self.dy[s], k);
                 if let Some(v) = part.get_mut(lay.g(k)) {
                     *v += dyv * xh;
                 }
-                if let (true, Some(v)) = (C, part.get_mut(lay.b(k))) {
+                if let (true, Some(v)) = (centre, part.get_mut(lay.b(k))) {
                     *v += dyv;
                 }
             }
@@ -100,15 +100,9 @@ impl<'a, T: Element, V: Lanes<T>, const R: usize> Rows<'a, T, V, R> {
 /// own, in one read-modify-write of `pg`, `pb` (so the partial row is read
 /// and written once per two groups of rows, and every element still sees
 /// the rows in row order: the same bits).
-struct PassA<
-    'a,
-    T: Element,
-    V: Lanes<T>,
-    const C: bool,
-    const DX: bool,
-    const P: bool,
-    const R: usize,
-> {
+struct PassA<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize> {
+    /// LayerNorm: add the dbeta partials too.
+    centre: bool,
     cur: Rows<'a, T, V, R>,
     prev: Option<Rows<'a, T, V, R>>,
     /// Whether this pass adds its own rows' partials.
@@ -122,8 +116,8 @@ struct PassA<
     n: usize,
 }
 
-impl<'a, T: Element, V: Lanes<T>, const C: bool, const DX: bool, const P: bool, const R: usize>
-    PassA<'a, T, V, C, DX, P, R>
+impl<'a, T: Element, V: Lanes<T>, const DX: bool, const P: bool, const R: usize>
+    PassA<'a, T, V, DX, P, R>
 {
     #[inline(always)]
     fn new(
@@ -131,7 +125,7 @@ impl<'a, T: Element, V: Lanes<T>, const C: bool, const DX: bool, const P: bool, 
         prev: Option<Rows<'a, T, V, R>>,
         own: bool,
         gamma: &'a [Acc<T>],
-        (part_len, lay): (usize, Layout),
+        (part_len, lay, centre): (usize, Layout, bool),
     ) -> Self {
         let zero = V::splat(Acc::<T>::zero());
         let n = cur.len().min(gamma.len());
@@ -142,6 +136,7 @@ impl<'a, T: Element, V: Lanes<T>, const C: bool, const DX: bool, const P: bool, 
             (false, _) => n,
         };
         PassA {
+            centre,
             cur: cur.head(n),
             prev: prev.map(|p| p.head(n)),
             own: P && own,
@@ -176,40 +171,35 @@ impl<'a, T: Element, V: Lanes<T>, const C: bool, const DX: bool, const P: bool, 
             let gam = V::load_acc_at(self.gamma, i);
             let (gi, bi) = self.lay.chunk(i);
             let (mut pgv, mut pbv) = (zero, zero);
+            let c = self.centre;
             if rmw {
                 pgv = V::load_acc_at(part, gi);
-                if C {
+                if c {
                     pbv = V::load_acc_at(part, bi);
                 }
             }
             if let (true, true, Some(p)) = (P, PREV, &self.prev) {
                 for s in 0..R {
-                    let (xh, dyv) = p.load::<C>(s, i, false);
+                    let (xh, dyv) = p.load(s, i, false);
                     pgv = pgv.add(dyv.mul(xh));
-                    if C {
-                        pbv = pbv.add(dyv);
-                    }
+                    pbv = pbv.add(dyv);
                 }
             }
             for s in 0..R {
-                let (xh, dyv) = self.cur.load::<C>(s, i, true);
+                let (xh, dyv) = self.cur.load(s, i, true);
                 let g = dyv.mul(gam);
                 if DX {
-                    if C {
-                        self.s1[s][j] = self.s1[s][j].add(g);
-                    }
+                    self.s1[s][j] = self.s1[s][j].add(g);
                     self.s2[s][j] = self.s2[s][j].add(g.mul(xh));
                 }
                 if P && OWN {
                     pgv = pgv.add(dyv.mul(xh));
-                    if C {
-                        pbv = pbv.add(dyv);
-                    }
+                    pbv = pbv.add(dyv);
                 }
             }
             if rmw {
                 pgv.store_acc_at(part, gi);
-                if C {
+                if c {
                     pbv.store_acc_at(part, bi);
                 }
             }
@@ -222,10 +212,10 @@ impl<'a, T: Element, V: Lanes<T>, const C: bool, const DX: bool, const P: bool, 
         let (n, gamma, lay) = (self.n, self.gamma, self.lay);
         let t = n / LANES * LANES;
         if let (true, Some(p)) = (P, &self.prev) {
-            p.add_tail::<C>(part, lay, t, n);
+            p.add_tail(part, (lay, self.centre), t, n);
         }
         if self.own {
-            self.cur.add_tail::<C>(part, lay, t, n);
+            self.cur.add_tail(part, (lay, self.centre), t, n);
         }
         let mut out = [(Acc::<T>::zero(), Acc::<T>::zero()); R];
         if !DX {
@@ -235,11 +225,9 @@ impl<'a, T: Element, V: Lanes<T>, const C: bool, const DX: bool, const P: bool, 
             let (mut a1, mut a2) = (fold_all(self.s1[s]), fold_all(self.s2[s]));
             let c = &self.cur;
             for k in t..n {
-                let xh = xhat_one::<T, C>(c.x[s], k, c.m[s], c.r[s]);
+                let xh = xhat_one(c.x[s], k, c.m[s], c.r[s]);
                 let g = wide(c.dy[s], k) * at(gamma, k);
-                if C {
-                    a1 += g;
-                }
+                a1 += g;
                 a2 += g * xh;
             }
             *o = (a1, a2);
@@ -353,7 +341,9 @@ type Sums<T, const R: usize> = [(Acc<T>, Acc<T>); R];
 /// `DX`) and, if `P`, its partial row `[pg | pb]` of `2d` (its contents on
 /// entry do not matter: the task zeroes it). `NT` streams `dx` past the
 /// cache.
-struct Bwd<'a, T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool> {
+struct Bwd<'a, T: Element, const DX: bool, const P: bool, const NT: bool> {
+    /// LayerNorm (else `mean` is empty: RMSNorm's mean is 0).
+    centre: bool,
     x: &'a [T],
     dy: &'a [T],
     mean: &'a [Acc<T>],
@@ -373,8 +363,8 @@ struct Bwd<'a, T: Element, const C: bool, const DX: bool, const P: bool, const N
     lay: Layout,
 }
 
-impl<T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool> Kernel<T>
-    for Bwd<'_, T, C, DX, P, NT>
+impl<T: Element, const DX: bool, const P: bool, const NT: bool> Kernel<T>
+    for Bwd<'_, T, DX, P, NT>
 {
     type Output = ();
 
@@ -389,7 +379,7 @@ impl<T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool> K
         let d = self.d;
         let part = std::mem::take(&mut self.part);
         part.fill(Acc::<T>::zero());
-        let n = if C {
+        let n = if self.centre {
             self.mean.len().min(self.rstd.len())
         } else {
             self.rstd.len()
@@ -412,9 +402,7 @@ impl<T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool> K
     }
 }
 
-impl<'a, T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool>
-    Bwd<'a, T, C, DX, P, NT>
-{
+impl<'a, T: Element, const DX: bool, const P: bool, const NT: bool> Bwd<'a, T, DX, P, NT> {
     /// Rows from `*i` on, `R` at a time ([`Bwd::rows`]), while `R` of the
     /// `n` are left; `*i` ends at the first row not done.
     #[inline(always)]
@@ -464,10 +452,16 @@ impl<'a, T: Element, const C: bool, const DX: bool, const P: bool, const NT: boo
         prev: Option<usize>,
         defer: bool,
         part_len: usize,
-    ) -> PassA<'a, T, V, C, DX, P, R> {
+    ) -> PassA<'a, T, V, DX, P, R> {
         let prev = prev.map(|k| self.rows_a::<V, R>(k));
         let cur = self.rows_a::<V, R>(i);
-        PassA::new(cur, prev, !defer, self.gamma, (part_len, self.lay))
+        PassA::new(
+            cur,
+            prev,
+            !defer,
+            self.gamma,
+            (part_len, self.lay, self.centre),
+        )
     }
 
     /// Rows `i..i + R`, in lockstep: pass A (unless `sums` has it already),
@@ -499,7 +493,10 @@ impl<'a, T: Element, const C: bool, const DX: bool, const P: bool, const NT: boo
         }
         let (m, r) = self.stats::<R>(i);
         let inv_d = Acc::<T>::one() / count(d);
-        let mg = sums.map(|(s1, _)| if C { s1 * inv_d } else { Acc::<T>::zero() });
+        // RMSNorm's mean does not move with `x`: no `<g>` term (and `g - 0`
+        // is `g` exactly).
+        let centre = self.centre;
+        let mg = sums.map(|(s1, _)| if centre { s1 * inv_d } else { Acc::<T>::zero() });
         let mgx = sums.map(|(_, s2)| s2 * inv_d);
         let gamma = self.gamma;
         let n = d.min(gamma.len());
@@ -532,17 +529,15 @@ impl<'a, T: Element, const C: bool, const DX: bool, const P: bool, const NT: boo
                     prefetch_next(xr[s], R * d, k);
                     prefetch_next(dyr[s], R * d, k);
                 }
-                let xh = xhat_at::<T, V, C>(xr[s], k, mv[s], rv[s]);
+                let xh = xhat_at(xr[s], k, mv[s], rv[s]);
                 let g = V::load_at(dyr[s], k).mul(V::load_acc_at(g, k));
-                let g = if C { g.sub(mgv[s]) } else { g };
-                rv[s].mul(g.sub(xh.mul(mgxv[s])))
+                rv[s].mul(g.sub(mgv[s]).sub(xh.mul(mgxv[s])))
             },
             #[inline(always)]
             |s: usize, k: usize| {
-                let xh = xhat_one::<T, C>(xr[s], k, m[s], r[s]);
+                let xh = xhat_one(xr[s], k, m[s], r[s]);
                 let g = wide(dyr[s], k) * at(g, k);
-                let g = if C { g - mg[s] } else { g };
-                r[s] * (g - xh * mgx[s])
+                r[s] * (g - mg[s] - xh * mgx[s])
             },
         );
         let (v,) = (
@@ -602,7 +597,8 @@ pub(crate) struct Backward<T: Element> {
 /// Runs the backward groups (in parallel when there are several), group
 /// `k` filling row `k` of `parts` (rows of `2d`) with its partials if `P`.
 #[allow(clippy::too_many_arguments)]
-fn bwd_launch<T: Element, const C: bool, const DX: bool, const P: bool, const NT: bool>(
+fn bwd_launch<T: Element, const DX: bool, const P: bool, const NT: bool>(
+    centre: bool,
     x: &[T],
     dy: &[T],
     mean: &[Acc<T>],
@@ -621,13 +617,14 @@ fn bwd_launch<T: Element, const C: bool, const DX: bool, const P: bool, const NT
         paired_partials(row_bytes),
         prefetch_next_on() && row_bytes <= *STEP_ROW_BYTES.end(),
     );
-    // Without `C`, `mean` is empty: every group gets an empty slice of it.
+    // Without `centre`, `mean` is empty: every group gets an empty slice.
     let means = mean.chunks(rpg).chain(std::iter::repeat(&[][..]));
-    let jobs: Vec<Bwd<'_, T, C, DX, P, NT>> = x
+    let jobs: Vec<Bwd<'_, T, DX, P, NT>> = x
         .chunks(rpg * d)
         .zip(dy.chunks(rpg * d))
         .zip(means.zip(rstd.chunks(rpg)))
         .map(|((x, dy), (mean, rstd))| Bwd {
+            centre,
             x,
             dy,
             mean,
@@ -677,17 +674,16 @@ pub(crate) fn backward<T: Element>(
     // always summed (a few adds per element into a row that stays in
     // cache, dropped when not wanted), so only two builds exist per `NT`.
     let stream = want_dx && <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d);
-    let run = match (centre, want_dx, stream) {
-        (true, true, true) => bwd_launch::<T, true, true, true, true>,
-        (true, true, false) => bwd_launch::<T, true, true, true, false>,
-        (true, false, _) => bwd_launch::<T, true, false, true, false>,
-        (false, true, true) => bwd_launch::<T, false, true, true, true>,
-        (false, true, false) => bwd_launch::<T, false, true, true, false>,
-        (false, false, _) => bwd_launch::<T, false, false, true, false>,
+    let run = match (want_dx, stream) {
+        (true, true) => bwd_launch::<T, true, true, true>,
+        (true, false) => bwd_launch::<T, true, true, false>,
+        (false, _) => bwd_launch::<T, false, true, false>,
     };
     let mut parts = partial_rows(true, x.len(), (rpg, d), 2 * d);
     let lay = Layout::new(d, interleaved_partials());
-    run(x, dy, mean, rstd, &mut dx, &g, d, rpg, &mut parts, lay);
+    run(
+        centre, x, dy, mean, rstd, &mut dx, &g, d, rpg, &mut parts, lay,
+    );
     let (dgamma, dbeta) = if want_p {
         let sums = reduce_partials(&parts, 2 * d);
         let out = |slot: fn(Layout, usize) -> usize| {

@@ -7,10 +7,11 @@ use crate::ops::norm::scaled::{rstd_limit, trusted};
 /// One forward task: whole rows of `x` and the matching `y`, `mean`, `rstd`.
 /// `gamma` and `beta` are always there (ones and negative zeros stand in
 /// for absent ones: `v * 1` and `v + -0` are exact, so the bits are those
-/// of leaving them out, with one build instead of four); `C` centres
-/// (LayerNorm; else `mean` is empty and no `beta` is added); `NT` streams
-/// `y` past the cache.
-struct Fwd<'a, T: Element, const C: bool, const NT: bool> {
+/// of leaving them out, with one build instead of four); `centre` says
+/// LayerNorm (else `mean` is empty and no mean pass runs); `NT` streams `y`
+/// past the cache.
+struct Fwd<'a, T: Element, const NT: bool> {
+    centre: bool,
     x: &'a [T],
     y: &'a mut [T],
     mean: &'a mut [Acc<T>],
@@ -31,7 +32,7 @@ struct Fwd<'a, T: Element, const C: bool, const NT: bool> {
     suspect: bool,
 }
 
-impl<T: Element, const C: bool, const NT: bool> Kernel<T> for Fwd<'_, T, C, NT> {
+impl<T: Element, const NT: bool> Kernel<T> for Fwd<'_, T, NT> {
     /// Whether some row's statistics are out of the trusted range.
     type Output = bool;
 
@@ -43,11 +44,11 @@ impl<T: Element, const C: bool, const NT: bool> Kernel<T> for Fwd<'_, T, C, NT> 
     /// the next row's variance pass and the mean pass of the row after it
     /// (no pass then runs on its own); for rows in lockstep, the next rows'
     /// mean pass. Rows too short for that may go [`stats_first`]. Without
-    /// `C` there is no mean pass, and the variance pass (`sum(x^2)`) takes
-    /// its place in what runs alongside.
+    /// `centre` there is no mean pass, and the variance pass (`sum(x^2)`)
+    /// takes its place in what runs alongside.
     #[inline(always)]
     fn run<V: Lanes<T>>(mut self) -> bool {
-        let n = if C {
+        let n = if self.centre {
             self.mean.len().min(self.rstd.len())
         } else {
             self.rstd.len()
@@ -104,7 +105,7 @@ impl<A, const R: usize> Default for Ahead<A, R> {
     }
 }
 
-impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
+impl<T: Element, const NT: bool> Fwd<'_, T, NT> {
     /// Rows `i..i + STATS_FIRST_ROWS`, one at a time: the statistics
     /// passes of all of them back to back, then their output passes, which
     /// prefetch the rows as many rows ahead (see [`stats_first`]). Each
@@ -119,7 +120,7 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
         for k in 0..K {
             let xr = rows_at::<T, 1>(self.x, i + k, self.d);
             let [m] = self.mean_pass::<V, 1>(xr, false);
-            let [sq] = VarPass::<T, V, 1, C>::new(xr, [m]).run(false);
+            let [sq] = VarPass::<T, V, 1>::new(xr, [m], !self.centre).run(false);
             (ms[k], sqs[k]) = (m, sq);
         }
         self.ahead_rows = K;
@@ -135,10 +136,10 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
     }
 
     /// The means of rows `xr` (`seg` as in [`each_chunk_in`]); zeros
-    /// without `C`, for which no pass runs.
+    /// without `centre`, for which no pass runs.
     #[inline(always)]
     fn mean_pass<V: Lanes<T>, const R: usize>(&self, xr: [&[T]; R], seg: bool) -> [Acc<T>; R] {
-        if C {
+        if self.centre {
             MeanPass::<T, V, R>::new(xr).run(seg)
         } else {
             [Acc::<T>::zero(); R]
@@ -170,7 +171,7 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
         };
         let sq = match have.sq {
             Some(sq) => sq,
-            None => VarPass::<T, V, R, C>::new(xr, m).run(seg),
+            None => VarPass::<T, V, R>::new(xr, m, !self.centre).run(seg),
         };
         let r = sq.map(|q| Acc::<T>::one() / (q / count(d) + eps).sqrt());
         for s in 0..R {
@@ -178,7 +179,7 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
                 *ro = r[s];
                 self.suspect |= !trusted(m[s], r[s], self.limit);
             }
-            if let (true, Some(mo)) = (C, self.mean.get_mut(i + s)) {
+            if let (true, Some(mo)) = (self.centre, self.mean.get_mut(i + s)) {
                 *mo = m[s];
             }
         }
@@ -202,22 +203,12 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
                 if pf {
                     prefetch_next(xr[k], stride, i);
                 }
-                let v = xhat_at::<T, V, C>(xr[k], i, mv[k], rv[k]).mul(V::load_acc_at(g, i));
-                if C {
-                    v.add(V::load_acc_at(b, i))
-                } else {
-                    v
-                }
+                xhat_at(xr[k], i, mv[k], rv[k])
+                    .mul(V::load_acc_at(g, i))
+                    .add(V::load_acc_at(b, i))
             },
             #[inline(always)]
-            |k: usize, i: usize| {
-                let v = xhat_one::<T, C>(xr[k], i, m[k], r[k]) * at(g, i);
-                if C {
-                    v + at(b, i)
-                } else {
-                    v
-                }
-            },
+            |k: usize, i: usize| xhat_one(xr[k], i, m[k], r[k]) * at(g, i) + at(b, i),
         );
         let (v,) = (
             #[inline(always)]
@@ -228,10 +219,10 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
             return Ahead::default();
         }
         let xn = rows_at::<T, R>(self.x, i + R, d);
-        if !C {
+        if !self.centre {
             // No mean pass: the next rows' `sum(x^2)` runs alongside.
             let zero = [Acc::<T>::zero(); R];
-            let var = VarPass::<T, V, R, C>::new(xn, zero);
+            let var = VarPass::<T, V, R>::new(xn, zero, true);
             return Ahead {
                 m: Some(zero),
                 sq: Some(beside::<T, V, NT, R, _>(yr, v, sc, var)),
@@ -252,7 +243,7 @@ impl<T: Element, const C: bool, const NT: bool> Fwd<'_, T, C, NT> {
             Some(m) => m,
             None => MeanPass::<T, V, R>::new(xn).run(false),
         };
-        let mut var = VarPass::<T, V, R, C>::new(xn, m_next);
+        let mut var = VarPass::<T, V, R>::new(xn, m_next, false);
         let mut mean = MeanPass::<T, V, R>::new(rows_at::<T, R>(self.x, i + 2 * R, d));
         let m_after = if after && mean.n == var.n {
             write_rows_with::<T, V, NT, R>(
@@ -343,7 +334,8 @@ pub(super) fn fwd_rows_per_task(row_bytes: usize, rpc: usize) -> usize {
 /// Runs the forward tasks: one per chunk of rows, in parallel when there
 /// is more than one ([`dispatch_all`]); whether any row is suspect.
 #[allow(clippy::too_many_arguments)]
-fn fwd_launch<T: Element, const C: bool, const NT: bool>(
+fn fwd_launch<T: Element, const NT: bool>(
+    centre: bool,
     x: &[T],
     y: &mut [T],
     mean: &mut [Acc<T>],
@@ -357,15 +349,16 @@ fn fwd_launch<T: Element, const C: bool, const NT: bool>(
     let limit = rstd_limit::<Acc<T>>();
     let (seg, pf_next) = (segmented(row_bytes), prefetch_next_on());
     let rpc = fwd_rows_per_task(row_bytes, rows_per_chunk(d));
-    // Without `C`, `mean` is empty: every task gets an empty slice of it.
+    // Without `centre`, `mean` is empty: every task gets an empty slice of it.
     let means = mean
         .chunks_mut(rpc)
         .chain(std::iter::repeat_with(Default::default));
-    let jobs: Vec<Fwd<'_, T, C, NT>> = x
+    let jobs: Vec<Fwd<'_, T, NT>> = x
         .chunks(rpc * d)
         .zip(y.chunks_mut(rpc * d))
         .zip(means.zip(rstd.chunks_mut(rpc)))
         .map(|((x, y), (mean, rstd))| Fwd {
+            centre,
             x,
             y,
             mean,
@@ -404,13 +397,22 @@ pub(crate) fn forward<T: Element>(
     // Streaming builds exist for f32 only; `CpuBuilds::SIMD` first keeps them
     // from being compiled for other types.
     let stream = <T as crate::device::cpu::CpuBuilds>::SIMD && should_stream::<T>(n * d);
-    let run = match (centre, stream) {
-        (true, true) => fwd_launch::<T, true, true>,
-        (true, false) => fwd_launch::<T, true, false>,
-        (false, true) => fwd_launch::<T, false, true>,
-        (false, false) => fwd_launch::<T, false, false>,
+    let run = if stream {
+        fwd_launch::<T, true>
+    } else {
+        fwd_launch::<T, false>
     };
-    let suspect = run(&x[..n * d], &mut y, &mut mean, &mut rstd, &g, &b, d, eps);
+    let suspect = run(
+        centre,
+        &x[..n * d],
+        &mut y,
+        &mut mean,
+        &mut rstd,
+        &g,
+        &b,
+        d,
+        eps,
+    );
     Forward {
         y,
         mean,

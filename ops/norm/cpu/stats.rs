@@ -98,34 +98,34 @@ impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for MeanPass<'_
 }
 
 /// `sum((x - m)^2)` over each of `R` rows, given their means: the second
-/// of the two passes (a [`RowPass`]); `sum(x^2)` unless `C` (RMSNorm's
-/// only pass).
-pub(super) struct VarPass<'a, T: Element, V: Lanes<T>, const R: usize, const C: bool> {
+/// of the two passes (a [`RowPass`]); RMSNorm's only pass, with `m = 0`
+/// and `first` set (it then prefetches as the mean pass does).
+pub(super) struct VarPass<'a, T: Element, V: Lanes<T>, const R: usize> {
     x: [&'a [T]; R],
     m: [Acc<T>; R],
     mv: [V; R],
     acc: [[V; UNROLL]; R],
+    first: bool,
     /// Elements per row (every row is at least this long).
     pub(super) n: usize,
 }
 
-impl<'a, T: Element, V: Lanes<T>, const R: usize, const C: bool> VarPass<'a, T, V, R, C> {
+impl<'a, T: Element, V: Lanes<T>, const R: usize> VarPass<'a, T, V, R> {
     #[inline(always)]
-    pub(super) fn new(x: [&'a [T]; R], m: [Acc<T>; R]) -> Self {
+    pub(super) fn new(x: [&'a [T]; R], m: [Acc<T>; R], first: bool) -> Self {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
         VarPass {
             x: x.map(|r| head(r, n)),
             m,
             mv: splats::<T, V, R>(m),
             acc: [[V::splat(Acc::<T>::zero()); UNROLL]; R],
+            first,
             n,
         }
     }
 }
 
-impl<T: Element, V: Lanes<T>, const R: usize, const C: bool> RowPass<Acc<T>, R>
-    for VarPass<'_, T, V, R, C>
-{
+impl<T: Element, V: Lanes<T>, const R: usize> RowPass<Acc<T>, R> for VarPass<'_, T, V, R> {
     #[inline(always)]
     fn len(&self) -> usize {
         self.n
@@ -134,13 +134,11 @@ impl<T: Element, V: Lanes<T>, const R: usize, const C: bool> RowPass<Acc<T>, R>
     #[inline(always)]
     unsafe fn chunk(&mut self, j: usize, i: usize) {
         for s in 0..R {
-            if !C {
-                // The first pass over the row: fetch ahead as the mean pass.
+            if self.first {
                 prefetch::<T, R>(self.x[s], i);
             }
             // SAFETY: the caller's contract; every row is `n` long.
-            let v = unsafe { V::load_at(self.x[s], i) };
-            let e = if C { v.sub(self.mv[s]) } else { v };
+            let e = unsafe { V::load_at(self.x[s], i) }.sub(self.mv[s]);
             self.acc[s][j] = self.acc[s][j].add(e.mul(e));
         }
     }
@@ -151,11 +149,7 @@ impl<T: Element, V: Lanes<T>, const R: usize, const C: bool> RowPass<Acc<T>, R>
         for (s, o) in out.iter_mut().enumerate() {
             let mut t = fold_all(self.acc[s]);
             for v in self.x[s].as_chunks::<LANES>().1 {
-                let e = if C {
-                    v.to_acc() - self.m[s]
-                } else {
-                    v.to_acc()
-                };
+                let e = v.to_acc() - self.m[s];
                 t += e * e;
             }
             *o = t;
