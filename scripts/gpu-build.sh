@@ -11,9 +11,9 @@ kit=target/gpu-kit
 rm -rf "$kit" && mkdir -p "$kit/cache"
 cargo build --release --bin fusegrad
 cp target/release/fusegrad "$kit/"
-# The test groups gpu-check.sh runs parts of: no_gpu:: (core) and the
-# device tests (cuda: backend::, norms::, bench::).
-for t in core cuda; do
+# The test binaries gpu-check.sh runs parts of: core::no_gpu:: (library)
+# and the device tests (cuda: backend::, norms::, bench::).
+for t in library cuda; do
     exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:

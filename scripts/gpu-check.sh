@@ -173,7 +173,7 @@ run_test() {
 
 write_summary
 step kernels "$out/kernels.txt" ./fusegrad kernels --arch sm_90
-run_test tests-unavailable ./test-core no_gpu::
+run_test tests-unavailable ./test-library core::no_gpu::
 run_test tests-cuda ./test-cuda "${cuda_filter[@]}"
 run_test tests-norms ./test-cuda "${norms_filter[@]}"
 run_test tests-bench ./test-cuda bench::

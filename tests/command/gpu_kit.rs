@@ -39,7 +39,7 @@ fn the_kit_runs_end_to_end_on_the_emulation() {
     let _ = std::fs::remove_dir_all(&kit);
     std::fs::create_dir_all(&kit).unwrap();
     std::fs::copy(&exe, kit.join("fusegrad")).unwrap();
-    for t in ["core", "cuda"] {
+    for t in ["library", "cuda"] {
         let bin = test_binary(&deps, t)
             .unwrap_or_else(|| panic!("no {t} test binary in {}: build all tests", deps.display()));
         std::fs::copy(bin, kit.join(format!("test-{t}"))).unwrap();

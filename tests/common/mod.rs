@@ -1,5 +1,5 @@
-//! Helpers the test groups share. Each group's `main.rs` declares this
-//! module; a group uses what it needs.
+//! Helpers the test groups share: a module of the library's test binary
+//! (`tests/main.rs`), of the CUDA tests' and of the command's.
 #![allow(dead_code)]
 
 use fusegrad::rng::Rng;

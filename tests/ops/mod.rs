@@ -1,9 +1,6 @@
 //! The primitive ops: values, gradients against finite differences and
 //! broadcasting, for every dtype.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod binary;
 mod elementwise;
 mod kernels;

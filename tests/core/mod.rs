@@ -1,9 +1,6 @@
 //! Core: the tape, errors and bad input, NaN and infinities, threads, no
 //! silent graph cut, and what happens where no GPU can be used.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod concurrency;
 mod finite;
 mod no_gpu;
