@@ -11,7 +11,7 @@ pub(crate) mod elementwise;
 mod embedding;
 mod loss;
 mod masked_fill;
-mod matmul;
+pub(crate) mod matmul;
 #[cfg(feature = "probes")]
 pub(crate) use matmul::kernel as matmul_kernel;
 pub(crate) mod reduce;

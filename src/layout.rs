@@ -193,11 +193,20 @@ pub fn for_each_offset(out: &[usize], src_strides: &[usize], mut f: impl FnMut(u
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![
+        broadcast_rules,
+        offsets_follow_broadcast,
+        overflow_is_an_error,
+        refused_allocation_is_an_error,
+        helpers_are_total,
+    ];
+
     fn broadcast_rules() {
         assert_eq!(broadcast_shapes("t", &[3, 1], &[4]).unwrap(), vec![3, 4]);
         assert_eq!(broadcast_shapes("t", &[], &[2, 2]).unwrap(), vec![2, 2]);
@@ -205,7 +214,6 @@ mod tests {
         assert_eq!(broadcast_shapes("t", &[0, 1], &[1, 5]).unwrap(), vec![0, 5]);
     }
 
-    #[test]
     fn offsets_follow_broadcast() {
         let mut seen = vec![];
         for_each_offset(&[2, 3], &broadcast_strides(&[3], &[2, 3]), |i, o| {
@@ -219,7 +227,6 @@ mod tests {
         assert_eq!(seen, vec![0, 0, 0, 1, 1, 1]);
     }
 
-    #[test]
     fn overflow_is_an_error() {
         assert!(matches!(
             checked_numel("t", &[usize::MAX, 2], 4),
@@ -232,7 +239,6 @@ mod tests {
         assert!(checked_numel("t", &[1 << 62], 4).is_err());
     }
 
-    #[test]
     fn refused_allocation_is_an_error() {
         // 2^58 bytes: fits isize, but no machine maps it.
         assert!(matches!(
@@ -242,7 +248,6 @@ mod tests {
         assert_eq!(alloc_filled("t", &[2, 3], 1.5f32).unwrap(), vec![1.5; 6]);
     }
 
-    #[test]
     fn helpers_are_total() {
         // Zero-size outputs with huge dims visit nothing (no overflow).
         let mut k = 0;

@@ -15,6 +15,9 @@ pub mod nn;
 pub mod op;
 pub(crate) mod profile;
 pub mod rng;
+#[cfg(feature = "selftest")]
+#[doc(hidden)]
+pub mod selftest;
 pub mod shadow;
 pub mod special;
 pub mod tape;

@@ -151,11 +151,14 @@ pub fn take_ops() -> Vec<(Key, Tally)> {
     v
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![spans_tally_only_when_on_and_never_nest];
+
     fn spans_tally_only_when_on_and_never_nest() {
         // The only test that turns the switch on; other threads' tallies
         // are their own.

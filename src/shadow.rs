@@ -367,5 +367,6 @@ impl Shadow {
     }
 }
 
-#[cfg(test)]
-mod tests;
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests;

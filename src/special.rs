@@ -124,9 +124,13 @@ pub fn normal_pdf(x: f64) -> f64 {
     exp_neg_sq(x, true) / (2.0 * PI).sqrt()
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
+
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![erf_matches_reference_values, erfc_is_accurate_in_the_tail,];
 
     /// Reference values (50-digit evaluations rounded to f64).
     const ERF: [(f64, f64); 8] = [
@@ -140,7 +144,6 @@ mod tests {
         (1.51, 0.967_276_748_128_711_7),
     ];
 
-    #[test]
     fn erf_matches_reference_values() {
         for (x, want) in ERF {
             let got = erf(x);
@@ -156,7 +159,6 @@ mod tests {
         assert!(erf(f64::NAN).is_nan());
     }
 
-    #[test]
     fn erfc_is_accurate_in_the_tail() {
         // erfc(x) for x where 1 - erf(x) is 0 or all rounding.
         for (x, want) in [

@@ -459,17 +459,20 @@ impl<T: Element, D: ndarray::Dimension> From<ndarray::Array<T, D>> for Tensor<T>
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
     use crate::{ops, Tape};
+
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![tensors_fusegrad_allocates_start_on_a_cache_line];
 
     fn on_a_line<T: Element>(t: &Tensor<T>) -> bool {
         t.as_slice()
             .is_ok_and(|s| (s.as_ptr() as usize).is_multiple_of(64))
     }
 
-    #[test]
     fn tensors_fusegrad_allocates_start_on_a_cache_line() {
         // 70,000 f32 are past glibc's mmap threshold (blocks 16 bytes past a
         // page); 300,000 are pooled.

@@ -625,12 +625,18 @@ pub(crate) fn relu_backward<T: Element>(mask: &[u8], g: &[T]) -> Buffer<T> {
     out
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
     use crate::layout::broadcast_strides;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![
+        inline_strides_match_the_shape_module_past_the_inline_rank,
+        broadcast_add_of_rank_six_matches_an_index_loop,
+    ];
+
     fn inline_strides_match_the_shape_module_past_the_inline_rank() {
         let out = [2, 3, 1, 4, 5, 2];
         for shape in [
@@ -647,7 +653,6 @@ mod tests {
         }
     }
 
-    #[test]
     fn broadcast_add_of_rank_six_matches_an_index_loop() {
         let (sa, sb, out) = ([2, 1, 3, 1, 2, 2], [4, 1, 2, 1], [2, 1, 3, 4, 2, 2]);
         let a: Vec<f32> = (0..24).map(|i| i as f32).collect();

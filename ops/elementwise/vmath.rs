@@ -402,5 +402,6 @@ pub(crate) fn via_f32<T: Element>(f: impl Fn(f32) -> f32, v: Acc<T>) -> Acc<T> {
     <Acc<T> as Accum>::of(f(v.f64() as f32) as f64)
 }
 
-#[cfg(test)]
-mod tests;
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests;

@@ -185,9 +185,17 @@ fn run<G: Gemm>(
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
+
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![
+        banded_transposed_products_match_naive_exactly,
+        a_band_computes_its_rows_as_the_whole_product_does,
+        half_types_widen_and_batches_broadcast,
+    ];
 
     fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
         let mut c = vec![0.0; m * n];
@@ -204,7 +212,6 @@ mod tests {
         (0..p * q).map(|i| s[(i % p) * q + i / p]).collect()
     }
 
-    #[test]
     fn banded_transposed_products_match_naive_exactly() {
         // Small integers: exact in any summation order. Large enough for
         // several bands; odd sizes leave partial tiles everywhere.
@@ -252,7 +259,6 @@ mod tests {
     /// Bands of any height give the bits of one product over all rows
     /// (what makes the result independent of the thread count), for
     /// values that round, in both kernel types.
-    #[test]
     fn a_band_computes_its_rows_as_the_whole_product_does() {
         fn check<G: Gemm + PartialEq + std::fmt::Debug>(of: impl Fn(f64) -> G) {
             let (m, k, n) = (300, 517, 129);
@@ -289,7 +295,6 @@ mod tests {
         check(|v| v);
     }
 
-    #[test]
     fn half_types_widen_and_batches_broadcast() {
         use half::bf16;
         // [2, 3, 4] @ [4, 2] with a shared right operand.

@@ -16,7 +16,7 @@
 //! device-level kernel, `bmm`, a batched product with optional transposes
 //! of its operands' last two dims.
 
-mod cpu;
+pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 

@@ -116,8 +116,9 @@ mod backward;
 mod forward;
 pub(crate) mod rows;
 mod stats;
-#[cfg(test)]
-mod tests;
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests;
 pub(crate) mod tuning;
 pub(crate) mod typed;
 

@@ -203,11 +203,14 @@ pub(crate) fn backward<T: Element>(
     })
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![geometry_follows_the_kernels_rule];
+
     fn geometry_follows_the_kernels_rule() {
         // d = 768 f32: 192 chunks, 24 per thread forward -> tpr 32, 8 rows
         // per block; backward 96 -> tpr 96, block 96 * 2.

@@ -52,7 +52,7 @@
 mod composed;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
-mod cuda;
+pub(crate) mod cuda;
 pub(crate) mod scaled;
 pub(crate) mod twin;
 

@@ -298,11 +298,17 @@ pub(crate) fn backward<T: Element>(
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![
+        scaling_is_exact_across_the_range,
+        huge_and_tiny_rows_normalize_like_unit_rows,
+    ];
+
     fn scaling_is_exact_across_the_range() {
         assert_eq!(exponent(1.0), 0);
         assert_eq!(exponent(1.5e300), 997);
@@ -313,7 +319,6 @@ mod tests {
         assert_eq!(scale(1.0, 2000), f64::INFINITY);
     }
 
-    #[test]
     fn huge_and_tiny_rows_normalize_like_unit_rows() {
         let unit = [1.0, -0.5, 0.25, 3.0];
         let want = RowNorm::new(&unit, 0.0, true);

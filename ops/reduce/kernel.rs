@@ -54,11 +54,14 @@ pub(crate) fn sum_to_shape<T: Element>(
     crate::ops::reduce::sum_kernel(grad, &red, None, target)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![sum_back_to_shape];
+
     fn sum_back_to_shape() {
         let g = Tensor::from_vec(vec![2, 3], vec![1.0f64, 2., 3., 4., 5., 6.]).unwrap();
         let r = sum_to_shape("t", &g, &[3]).unwrap();

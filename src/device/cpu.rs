@@ -251,19 +251,20 @@ pub(crate) fn fence<const NT: bool>() {
 mod lanes;
 mod profile;
 mod team;
-#[cfg(test)]
-mod tests;
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests;
 mod write;
 
 /// Held by the tests that flip [`set_simd_limit`], the narrow lanes or
 /// [`set_profile`] (or read the profile),
 /// or that check which build a kernel ran with.
-#[cfg(test)]
+#[cfg(feature = "selftest")]
 pub(crate) static SIMD_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[cfg(test)]
+#[cfg(feature = "selftest")]
 pub(crate) use lanes::best_simd;
-#[cfg(any(test, feature = "probes"))]
+#[cfg(any(feature = "selftest", feature = "probes"))]
 pub use lanes::set_simd_limit;
 #[cfg(target_arch = "x86_64")]
 use lanes::x86;
@@ -273,12 +274,12 @@ pub use lanes::{simd, Simd};
 pub use profile::profile;
 pub use profile::Profile;
 pub(crate) use profile::Switch;
-#[cfg(any(test, feature = "probes"))]
+#[cfg(any(feature = "selftest", feature = "probes"))]
 pub use profile::{cpu_vendor, set_profile};
 pub use team::run_each;
 #[cfg(feature = "probes")]
 pub use team::set_team;
-#[cfg(test)]
+#[cfg(feature = "selftest")]
 use team::{run_tasks, SPIN, YIELD};
 pub(crate) use write::should_stream;
 #[cfg_attr(not(feature = "probes"), allow(unused_imports))] // read by `probes`

@@ -478,11 +478,17 @@ pub(crate) fn strides(
     Ok(s)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![
+        broadcast_strides_follow_numpy,
+        a_missing_gpu_is_an_error_not_a_panic,
+    ];
+
     fn broadcast_strides_follow_numpy() {
         let s = strides("t", &[2, 3, 4], &[3, 1], &[2, 1, 4]).unwrap();
         assert_eq!(&s.a[..3], &[0, 1, 0]);
@@ -490,7 +496,6 @@ mod tests {
         assert!(strides("t", &[1; 9], &[1], &[1]).is_err());
     }
 
-    #[test]
     fn a_missing_gpu_is_an_error_not_a_panic() {
         // On a machine without a driver or GPU this names what is missing;
         // on one with a GPU, cuda:999 does not exist.

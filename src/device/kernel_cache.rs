@@ -197,9 +197,16 @@ pub(crate) fn family_code(
     Ok((c, Origin::Compiled))
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
+
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![
+        entries_round_trip_and_damage_is_detected,
+        the_key_changes_with_every_input,
+    ];
 
     fn sample() -> Compiled {
         let mut cubin = b"\x7fELF".to_vec();
@@ -210,7 +217,6 @@ mod tests {
         }
     }
 
-    #[test]
     fn entries_round_trip_and_damage_is_detected() {
         let dir = std::env::temp_dir().join(format!("fg-kc-{}", std::process::id()));
         let c = sample();
@@ -238,7 +244,6 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    #[test]
     fn the_key_changes_with_every_input() {
         let base = entry_name("f", "src", 90, (13, 0));
         assert_ne!(base, entry_name("f", "src2", 90, (13, 0)));

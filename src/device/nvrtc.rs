@@ -366,11 +366,14 @@ pub(crate) fn table_of(
     Ok(rows)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![ptxas_report_is_parsed];
+
     fn ptxas_report_is_parsed() {
         let log = "ptxas info    : Compiling entry function 'ln_fwd_f32' for 'sm_90'\n\
                    ptxas info    : Function properties for ln_fwd_f32\n\

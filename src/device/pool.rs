@@ -285,7 +285,7 @@ impl<T: Element> Pool<T> {
     }
 
     /// Bytes currently cached.
-    #[cfg_attr(not(test), allow(dead_code))] // the unit tests read it
+    #[cfg_attr(not(feature = "selftest"), allow(dead_code))] // the unit tests read it
     pub fn cached_bytes(&self) -> usize {
         self.free.lock().map(|g| g.bytes).unwrap_or(0)
     }
@@ -412,9 +412,22 @@ impl<T: Element> std::ops::DerefMut for Buffer<T> {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
+
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![
+        large_fresh_buffers_ask_for_huge_pages,
+        large_buffers_are_reused_small_ones_are_not,
+        kernel_buffers_start_on_a_cache_line_and_keep_their_values,
+        a_cache_of_two_buffers_holds_two_kernel_outputs,
+        small_buffers_are_evicted_before_large_ones,
+        a_stale_large_buffer_makes_room_for_small_ones,
+        large_buffers_in_use_outlast_small_requests,
+        a_full_cache_evicts_its_oldest_buffers,
+    ];
 
     /// The `VmFlags` of the mapping that holds `addr`, from
     /// `/proc/self/smaps`, or `None` where there is no such file.
@@ -442,7 +455,6 @@ mod tests {
         None
     }
 
-    #[test]
     fn large_fresh_buffers_ask_for_huge_pages() {
         let n = (16 << 20) / 4;
         let v = fresh::<f32>(n);
@@ -465,7 +477,6 @@ mod tests {
 
     const BIG: usize = MIN_POOLED_BYTES / 4;
 
-    #[test]
     fn large_buffers_are_reused_small_ones_are_not() {
         let p = Pool::<f32>::new();
         let v = p.take(BIG);
@@ -486,7 +497,6 @@ mod tests {
         assert_eq!(p.cached_bytes(), 0);
     }
 
-    #[test]
     fn kernel_buffers_start_on_a_cache_line_and_keep_their_values() {
         fn check<T: Element>(n: usize) {
             let mut b = Buffer::<T>::take(n);
@@ -514,7 +524,6 @@ mod tests {
         assert_eq!(Buffer::<f32>::take(BIG).as_ptr() as usize % 64, 0);
     }
 
-    #[test]
     fn a_cache_of_two_buffers_holds_two_kernel_outputs() {
         // Two outputs of half the limit each, with their alignment slack.
         let n = BIG + Buffer::<f32>::PAD;
@@ -540,7 +549,6 @@ mod tests {
         assert_eq!(p.cached_bytes(), 0);
     }
 
-    #[test]
     fn small_buffers_are_evicted_before_large_ones() {
         // Two large buffers fill the limit; a small one given between them
         // goes when the second arrives, and both large ones stay.
@@ -576,7 +584,6 @@ mod tests {
         assert_eq!([got[0].as_ptr(), got[1].as_ptr()], [pf, pe]);
     }
 
-    #[test]
     fn a_stale_large_buffer_makes_room_for_small_ones() {
         // Two large buffers of a finished workload fill the cache. A small
         // buffer asked for and given back again and again is dropped while
@@ -611,7 +618,6 @@ mod tests {
         assert_eq!(l.as_ptr(), pb);
     }
 
-    #[test]
     fn large_buffers_in_use_outlast_small_requests() {
         // Each step takes two large buffers that fill the cache and gives
         // them back; between steps come small requests, fewer than
@@ -639,7 +645,6 @@ mod tests {
         }
     }
 
-    #[test]
     fn a_full_cache_evicts_its_oldest_buffers() {
         let n = BIG;
         let p = Pool::<f64>::with_limit(4 * n * 8);

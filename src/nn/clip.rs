@@ -70,11 +70,14 @@ fn clip<T: Element>(grads: &mut [Tensor<T>], max_norm: f64) -> Result<f64> {
     Ok(norm)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![scales_to_the_bound_only_past_it];
+
     fn scales_to_the_bound_only_past_it() {
         let mut g = vec![
             Tensor::from_vec(vec![2], vec![3.0f32, 0.0]).unwrap(),

@@ -64,7 +64,7 @@
 //! Layout: [`Linear`] stores its weight as `[in, out]` so that the forward
 //! pass is `x @ W + b` without a transpose (PyTorch stores `[out, in]`).
 
-mod clip;
+pub(crate) mod clip;
 mod init;
 mod layer_norm;
 mod linear;
@@ -74,7 +74,7 @@ mod optim;
 #[cfg(feature = "cuda")]
 pub(crate) use optim::KERNELS;
 mod rms_norm;
-mod schedule;
+pub(crate) mod schedule;
 mod transformer;
 mod weights;
 

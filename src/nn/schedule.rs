@@ -58,11 +58,14 @@ impl WarmupCosine {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![warms_up_linearly_then_decays_to_the_floor];
+
     fn warms_up_linearly_then_decays_to_the_floor() {
         let s = WarmupCosine::new(1e-3, 1e-4, 10, 110).unwrap();
         assert!((s.lr(0) - 1e-4).abs() < 1e-18);

@@ -3,6 +3,18 @@ use crate::nn::{AdamW, Gpt, GptConfig, Optimizer, Parameters};
 use crate::rng::Rng;
 use crate::{Device, Element, Tape};
 
+// The tests, run by `tests/unit.rs`.
+crate::selftest::unit_tests![
+    a_clean_f32_run_is_within_tolerance_at_every_layer,
+    a_clean_bf16_run_is_within_tolerance_at_every_layer,
+    unwatched_steps_check_nothing_and_fractions_pick_calls,
+    an_injected_fault_is_found_at_its_layer_and_call_and_replays,
+    halt_stops_at_the_first_difference_past_tolerance,
+    a_damaged_replay_file_is_an_error_naming_it,
+    a_fault_in_attention_is_found_at_its_layer_and_its_file_replays_whole,
+    the_attention_judge_sizes_results_by_their_terms,
+];
+
 const TINY: GptConfig = GptConfig {
     vocab: 11,
     context: 8,
@@ -82,17 +94,14 @@ fn clean_run<T: Element>() {
     assert!(shadow.all_passed());
 }
 
-#[test]
 fn a_clean_f32_run_is_within_tolerance_at_every_layer() {
     clean_run::<f32>();
 }
 
-#[test]
 fn a_clean_bf16_run_is_within_tolerance_at_every_layer() {
     clean_run::<half::bf16>();
 }
 
-#[test]
 fn unwatched_steps_check_nothing_and_fractions_pick_calls() {
     let shadow = Shadow::new(ShadowConfig::every(100));
     train::<f32>(&shadow, 1).unwrap();
@@ -124,7 +133,6 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d
 }
 
-#[test]
 fn an_injected_fault_is_found_at_its_layer_and_call_and_replays() {
     let dir = tmp("fault");
     // Row 5 of dx at the third LayerNorm call of step 1: blocks.1.ln1.
@@ -185,7 +193,6 @@ fn an_injected_fault_is_found_at_its_layer_and_call_and_replays() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
 fn halt_stops_at_the_first_difference_past_tolerance() {
     let shadow = Shadow::new(ShadowConfig {
         halt: true,
@@ -207,7 +214,6 @@ fn halt_stops_at_the_first_difference_past_tolerance() {
     }
 }
 
-#[test]
 fn a_damaged_replay_file_is_an_error_naming_it() {
     let dir = tmp("damaged");
     std::fs::create_dir_all(&dir).unwrap();
@@ -218,7 +224,6 @@ fn a_damaged_replay_file_is_an_error_naming_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
 fn a_fault_in_attention_is_found_at_its_layer_and_its_file_replays_whole() {
     let dir = tmp("attn-fault");
     // Row 3 (a position, all heads) of dqkv at the second attention call
@@ -272,7 +277,6 @@ fn a_fault_in_attention_is_found_at_its_layer_and_its_file_replays_whole() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
 fn the_attention_judge_sizes_results_by_their_terms() {
     use crate::ops::attention::twin::twin;
     use crate::ops::attention::Geometry;

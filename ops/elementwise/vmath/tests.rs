@@ -6,6 +6,18 @@ use super::*;
 use crate::device::cpu::{best_simd, set_simd_limit, Simd, SIMD_TESTS};
 use crate::special::{normal_cdf, normal_pdf};
 
+// The tests, run by `tests/unit.rs`.
+crate::selftest::unit_tests![
+    exp_is_within_2_ulp_and_ieee_at_the_edges,
+    log_is_within_2_ulp_and_ieee_at_the_edges,
+    tanh_is_within_2_ulp_and_saturates,
+    sigmoid_is_within_2_ulp_and_saturates,
+    gelu_is_within_2_ulp_of_the_f64_reference,
+    gelu_slope_is_within_3_ulp_or_2_pow_minus_24,
+    every_build_gives_the_scalar_bits,
+    half_types_are_within_1_unit_everywhere,
+];
+
 /// A named f32 function.
 type F32Fn = (&'static str, fn(f32) -> f32);
 /// A unary kind and its f64 reference.
@@ -99,7 +111,6 @@ fn slope64(x: f64) -> f64 {
     }
 }
 
-#[test]
 fn exp_is_within_2_ulp_and_ieee_at_the_edges() {
     let (d, at) = worst(&sweep(110.0), exp, f64::exp);
     eprintln!("worst exp: {d} ulp at {at:e}");
@@ -114,7 +125,6 @@ fn exp_is_within_2_ulp_and_ieee_at_the_edges() {
     assert!(exp(f32::NAN).is_nan());
 }
 
-#[test]
 fn log_is_within_2_ulp_and_ieee_at_the_edges() {
     let (d, at) = worst(&sweep(1e4), ln, f64::ln);
     eprintln!("worst log: {d} ulp at {at:e}");
@@ -129,7 +139,6 @@ fn log_is_within_2_ulp_and_ieee_at_the_edges() {
     assert_eq!(dist(ln(f32::from_bits(1)), (2f64).powi(-149).ln()), 0);
 }
 
-#[test]
 fn tanh_is_within_2_ulp_and_saturates() {
     let (d, at) = worst(&sweep(12.0), tanh, f64::tanh);
     eprintln!("worst tanh: {d} ulp at {at:e}");
@@ -140,7 +149,6 @@ fn tanh_is_within_2_ulp_and_saturates() {
     assert!(tanh(f32::NAN).is_nan());
 }
 
-#[test]
 fn sigmoid_is_within_2_ulp_and_saturates() {
     let (d, at) = worst(&sweep(110.0), sigmoid, sigmoid64);
     eprintln!("worst sigmoid: {d} ulp at {at:e}");
@@ -150,7 +158,6 @@ fn sigmoid_is_within_2_ulp_and_saturates() {
     assert!(sigmoid(f32::NAN).is_nan());
 }
 
-#[test]
 fn gelu_is_within_2_ulp_of_the_f64_reference() {
     let (d, at) = worst(&sweep(15.0), gelu_erf, gelu64);
     eprintln!("worst gelu: {d} ulp at {at:e}");
@@ -164,7 +171,6 @@ fn gelu_is_within_2_ulp_of_the_f64_reference() {
     assert!(gelu_erf(f32::NAN).is_nan());
 }
 
-#[test]
 fn gelu_slope_is_within_3_ulp_or_2_pow_minus_24() {
     // Near its zero at x = -0.7518 no formula keeps relative accuracy:
     // there the bound is absolute, 2^-24 (a unit of 1/2's last place).
@@ -192,7 +198,6 @@ fn gelu_slope_is_within_3_ulp_or_2_pow_minus_24() {
 }
 
 /// The SIMD builds of the row kernels give the scalar function's bits.
-#[test]
 fn every_build_gives_the_scalar_bits() {
     let _hold = SIMD_TESTS.lock();
     let x: Vec<f32> = (0..=u32::MAX).step_by(65_537).map(f32::from_bits).collect();
@@ -226,7 +231,6 @@ fn every_build_gives_the_scalar_bits() {
 
 /// f16 and bf16 through the op: every bit pattern is within 1 unit of the
 /// f64 reference rounded once to the type.
-#[test]
 fn half_types_are_within_1_unit_everywhere() {
     use crate::ops::elementwise::cpu::{binary, unary};
     use crate::ops::elementwise::{Binary, Unary};

@@ -112,11 +112,14 @@ pub(crate) fn reduce_partials<A: Accum + Element>(parts: &[A], width: usize) -> 
     out
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
+    // The tests, run by `tests/unit.rs`.
+    crate::selftest::unit_tests![groups_are_bounded_and_whole_chunks];
+
     fn groups_are_bounded_and_whole_chunks() {
         for (n, d) in [
             (1usize, 1usize),

@@ -8,6 +8,25 @@ use crate::device::cpu::{
 };
 use crate::rng::Rng;
 
+// The tests, run by `tests/unit.rs`.
+crate::selftest::unit_tests![
+    every_build_and_store_kind_gives_the_same_bits,
+    lockstep_rows_give_the_same_bits_as_one_at_a_time,
+    backward_pairs_change_no_bits_and_override_the_profile,
+    paired_partials_change_no_bits,
+    interleaved_partials_change_no_bits,
+    partial_layouts_place_every_term_once,
+    long_forward_tasks_change_no_bits,
+    recycled_partial_rows_start_from_zero,
+    statistics_first_changes_no_bits,
+    outputs_start_on_a_cache_line,
+    overlapped_passes_give_the_same_bits_as_separate_ones,
+    long_rows_in_runs_match_the_f64_statistics,
+    rows_at_mut_gives_whole_rows_and_empty_past_the_end,
+    only_rows_past_64_kib_take_narrow_lanes,
+    each_vendor_gets_its_measured_layer_norm_defaults,
+];
+
 /// Every output of LayerNorm and RMSNorm, forward and backward, as bits.
 fn outputs(x: &[f32], dy: &[f32], g: &[f32], b: &[f32], d: usize) -> Vec<Vec<u32>> {
     let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<u32>>();
@@ -62,7 +81,6 @@ fn same_bits_either_way(set: fn(bool), case: &Case, d: usize) {
 /// do not).
 static SEGMENTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
 fn every_build_and_store_kind_gives_the_same_bits() {
     let _hold = SEGMENTED.lock();
     let _simd = SIMD_TESTS.lock();
@@ -107,7 +125,6 @@ fn every_build_and_store_kind_gives_the_same_bits() {
     }
 }
 
-#[test]
 fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
     let _hold = SEGMENTED.lock();
     // The profile decides the backward's rows in step; both are run here.
@@ -133,7 +150,6 @@ fn lockstep_rows_give_the_same_bits_as_one_at_a_time() {
     set_profile(Profile::for_vendor(&crate::device::cpu::cpu_vendor()));
 }
 
-#[test]
 fn backward_pairs_change_no_bits_and_override_the_profile() {
     let _hold = SEGMENTED.lock();
     // `reset_switches` also resets what the SIMD tests set.
@@ -154,7 +170,6 @@ fn backward_pairs_change_no_bits_and_override_the_profile() {
     assert_eq!(bwd_rows_in_step(16 << 10) == 2, pairs);
 }
 
-#[test]
 fn paired_partials_change_no_bits() {
     let _hold = SEGMENTED.lock();
     let _simd = SIMD_TESTS.lock();
@@ -178,7 +193,6 @@ fn paired_partials_change_no_bits() {
     reset_switches();
 }
 
-#[test]
 fn interleaved_partials_change_no_bits() {
     let _hold = SEGMENTED.lock();
     let _simd = SIMD_TESTS.lock();
@@ -205,7 +219,6 @@ fn interleaved_partials_change_no_bits() {
     set_paired_partials(true);
 }
 
-#[test]
 fn partial_layouts_place_every_term_once() {
     use super::backward::Layout;
     for d in [1usize, 15, 16, 17, 33, 64, 100, 4096, 4100] {
@@ -228,7 +241,6 @@ fn partial_layouts_place_every_term_once() {
     }
 }
 
-#[test]
 fn long_forward_tasks_change_no_bits() {
     let _hold = SEGMENTED.lock();
     let mut rng = Rng::new(23);
@@ -245,7 +257,6 @@ fn long_forward_tasks_change_no_bits() {
     }
 }
 
-#[test]
 fn recycled_partial_rows_start_from_zero() {
     // 64 groups of 4096-wide f32 partials (two rows each for LayerNorm,
     // one for RMSNorm): at least 1 MiB, so the partial rows come from
@@ -279,7 +290,6 @@ fn recycled_partial_rows_start_from_zero() {
     }
 }
 
-#[test]
 fn statistics_first_changes_no_bits() {
     let _hold = SEGMENTED.lock();
     let mut rng = Rng::new(31);
@@ -297,7 +307,6 @@ fn statistics_first_changes_no_bits() {
     }
 }
 
-#[test]
 fn outputs_start_on_a_cache_line() {
     let mut rng = Rng::new(3);
     for (n, d) in [(3usize, 5usize), (600, 128)] {
@@ -326,7 +335,6 @@ fn outputs_start_on_a_cache_line() {
     }
 }
 
-#[test]
 fn overlapped_passes_give_the_same_bits_as_separate_ones() {
     let _hold = SEGMENTED.lock();
     // `reset_switches` also resets the lanes that SIMD tests set.
@@ -380,7 +388,6 @@ fn overlapped_passes_give_the_same_bits_as_separate_ones() {
     set_profile(Profile::for_vendor(&crate::device::cpu::cpu_vendor()));
 }
 
-#[test]
 fn long_rows_in_runs_match_the_f64_statistics() {
     let _hold = SEGMENTED.lock();
     let mut rng = Rng::new(13);
@@ -420,7 +427,6 @@ fn long_rows_in_runs_match_the_f64_statistics() {
     }
 }
 
-#[test]
 fn rows_at_mut_gives_whole_rows_and_empty_past_the_end() {
     let mut v: Vec<u32> = (0..10).collect();
     let [a, b, c] = rows_at_mut::<u32, 3>(&mut v, 2, 3);
@@ -436,7 +442,6 @@ fn rows_at_mut_gives_whole_rows_and_empty_past_the_end() {
     assert!(a.is_empty());
 }
 
-#[test]
 fn only_rows_past_64_kib_take_narrow_lanes() {
     let _hold = SIMD_TESTS.lock();
     set_narrow_lanes(true);
@@ -449,7 +454,6 @@ fn only_rows_past_64_kib_take_narrow_lanes() {
     assert_eq!(narrow_lanes(1 << 20), narrow_default(profile()));
 }
 
-#[test]
 fn each_vendor_gets_its_measured_layer_norm_defaults() {
     use crate::device::cpu::Profile;
     let intel = Profile::Intel;

@@ -4,7 +4,26 @@ use super::lanes::fold;
 use super::*;
 use std::sync::Mutex;
 
-#[test]
+// The tests, run by `tests/unit.rs`.
+crate::selftest::unit_tests![
+    chunks_depend_on_row_length_only,
+    stream_copy_copies_every_length_and_offset,
+    every_build_and_store_kind_writes_the_same_values,
+    fold_is_pairwise,
+    every_build_folds_in_the_same_order,
+    narrow_kernels_run_in_256_bit_lanes,
+    each_vendor_gets_its_profile,
+    the_profile_follows_the_cpu_it_runs_on,
+    a_switch_follows_its_default_until_set,
+    streaming_needs_f32_and_a_large_output,
+    simd_is_within_what_the_cpu_has,
+    the_team_runs_every_task_once,
+    a_one_thread_pool_runs_the_tasks_on_the_caller,
+    launches_from_several_threads_each_run_their_tasks_once,
+    a_panicking_task_panics_the_launch_and_the_team_goes_on,
+    a_launch_from_inside_a_task_runs_in_place_and_finishes,
+];
+
 fn chunks_depend_on_row_length_only() {
     assert_eq!(rows_per_chunk(1), 64 * 1024);
     assert_eq!(rows_per_chunk(1000), 65);
@@ -38,7 +57,6 @@ impl<const NT: bool> Kernel<f32> for Affine<'_, NT> {
     }
 }
 
-#[test]
 fn stream_copy_copies_every_length_and_offset() {
     let src: Vec<f32> = (0..200).map(|i| i as f32 * 0.5 - 7.0).collect();
     for n in [0usize, 1, 15, 16, 17, 64, 100, 180] {
@@ -54,7 +72,6 @@ fn stream_copy_copies_every_length_and_offset() {
     assert_eq!(short, &src[..3]);
 }
 
-#[test]
 fn every_build_and_store_kind_writes_the_same_values() {
     let x: Vec<f32> = (0..300).map(|i| i as f32 * 0.37 - 20.0).collect();
     for n in [0usize, 1, 15, 16, 17, 63, 64, 65, 250] {
@@ -83,7 +100,6 @@ fn every_build_and_store_kind_writes_the_same_values() {
     }
 }
 
-#[test]
 fn fold_is_pairwise() {
     let a: [f32; LANES] = std::array::from_fn(|i| i as f32);
     assert_eq!(fold(a), 120.0);
@@ -107,7 +123,6 @@ impl Kernel<f32> for Fold<'_> {
     }
 }
 
-#[test]
 fn every_build_folds_in_the_same_order() {
     let _hold = SIMD_TESTS.lock();
     // Values whose sum depends on the order of the additions.
@@ -145,7 +160,6 @@ impl Kernel<f32> for WhichLanes {
     }
 }
 
-#[test]
 fn narrow_kernels_run_in_256_bit_lanes() {
     let _hold = SIMD_TESTS.lock();
     let ran = |narrow| dispatch(WhichLanes(narrow));
@@ -165,7 +179,6 @@ fn narrow_kernels_run_in_256_bit_lanes() {
     set_simd_limit(Simd::Avx512);
 }
 
-#[test]
 fn each_vendor_gets_its_profile() {
     assert_eq!(Profile::for_vendor("GenuineIntel"), Profile::Intel);
     assert_eq!(Profile::for_vendor("AuthenticAMD"), Profile::Amd);
@@ -173,7 +186,6 @@ fn each_vendor_gets_its_profile() {
     assert_eq!(Profile::for_vendor(""), Profile::Intel);
 }
 
-#[test]
 fn the_profile_follows_the_cpu_it_runs_on() {
     // Tests that set the profile hold this lock.
     let _hold = SIMD_TESTS.lock();
@@ -191,7 +203,6 @@ fn the_profile_follows_the_cpu_it_runs_on() {
     assert_eq!(profile(), Profile::for_vendor(&vendor));
 }
 
-#[test]
 fn a_switch_follows_its_default_until_set() {
     let s = Switch::new();
     assert!(s.on(|| true) && !s.on(|| false));
@@ -203,13 +214,11 @@ fn a_switch_follows_its_default_until_set() {
     assert!(!s.on(|| false) && s.on(|| true));
 }
 
-#[test]
 fn streaming_needs_f32_and_a_large_output() {
     assert!(!should_stream::<f64>(usize::MAX / 8));
     assert!(!should_stream::<f32>(16));
 }
 
-#[test]
 fn simd_is_within_what_the_cpu_has() {
     assert!(simd() <= best_simd());
     assert!(Simd::Portable < Simd::Avx2 && Simd::Avx2 < Simd::Avx512);
@@ -225,7 +234,6 @@ fn task_runs(count: usize) -> Vec<usize> {
     runs.into_iter().map(AtomicUsize::into_inner).collect()
 }
 
-#[test]
 fn the_team_runs_every_task_once() {
     for count in [0, 1, 2, 3, 5, 7, 64, 1000] {
         assert_eq!(task_runs(count), vec![1; count], "{count} tasks");
@@ -236,7 +244,6 @@ fn the_team_runs_every_task_once() {
     assert_eq!(task_runs(9), vec![1; 9], "after the helpers slept");
 }
 
-#[test]
 fn a_one_thread_pool_runs_the_tasks_on_the_caller() {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -255,7 +262,6 @@ fn a_one_thread_pool_runs_the_tasks_on_the_caller() {
     assert!(ids.iter().all(|&t| t == ids[0]), "all on one thread");
 }
 
-#[test]
 fn launches_from_several_threads_each_run_their_tasks_once() {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
@@ -274,7 +280,6 @@ fn launches_from_several_threads_each_run_their_tasks_once() {
     });
 }
 
-#[test]
 fn a_panicking_task_panics_the_launch_and_the_team_goes_on() {
     let hit = std::panic::catch_unwind(|| {
         run_tasks(8, &|i| {
@@ -287,7 +292,6 @@ fn a_panicking_task_panics_the_launch_and_the_team_goes_on() {
     assert_eq!(task_runs(8), vec![1; 8]);
 }
 
-#[test]
 fn a_launch_from_inside_a_task_runs_in_place_and_finishes() {
     // Each outer task launches inner tasks (as a batched matmul's bands
     // do). A helper that published a nested job after the caller had

@@ -1,0 +1,166 @@
+//! The library's unit tests, run by `tests/unit.rs`. They sit beside the
+//! code they test (a `tests` module reaching its parent's private items)
+//! and are compiled into the library itself, only with the `selftest`
+//! feature, which the library's tests turn on. A `#[cfg(test)]` module
+//! would need a second, test-only build of the whole library, the
+//! longest unit of `cargo test --release`; this way the library is built
+//! once for its tests, the command and the examples.
+//!
+//! The runner prints what libtest prints (`test NAME ... ok`, `test
+//! result: ...`) and takes its usual arguments: name filters (substrings,
+//! or whole names with `--exact`), `--skip FILTER`, `--list`; it runs the
+//! tests one at a time.
+
+use std::io::Write;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Names a module's tests: `unit_tests![a, b]` is the module's `TESTS`,
+/// which `all` lists. A test function left out is dead code, which the
+/// build denies.
+macro_rules! unit_tests {
+    ($($t:ident),* $(,)?) => {
+        pub(crate) const TESTS: &[(&str, fn())] = &[$((stringify!($t), $t)),*];
+    };
+}
+pub(crate) use unit_tests;
+
+/// A module's tests: each name and function.
+type Table = &'static [(&'static str, fn())];
+
+/// Every unit test: its module's path and its table.
+fn all() -> Vec<(String, fn())> {
+    use crate::{device, nn, ops};
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    let mut modules: Vec<(&str, Table)> = vec![
+        ("device::cpu", device::cpu::tests::TESTS),
+        ("device::pool", device::pool::tests::TESTS),
+        ("layout", crate::layout::tests::TESTS),
+        ("nn::clip", nn::clip::tests::TESTS),
+        ("nn::schedule", nn::schedule::tests::TESTS),
+        ("ops::elementwise::cpu", ops::elementwise::cpu::tests::TESTS),
+        (
+            "ops::elementwise::vmath",
+            ops::elementwise::vmath::tests::TESTS,
+        ),
+        ("ops::matmul::cpu", ops::matmul::cpu::tests::TESTS),
+        ("ops::norm::cpu", ops::norm::cpu::tests::TESTS),
+        ("ops::norm::cpu::rows", ops::norm::cpu::rows::tests::TESTS),
+        ("ops::norm::scaled", ops::norm::scaled::tests::TESTS),
+        ("ops::reduce::kernel", ops::reduce::kernel::tests::TESTS),
+        ("profile", crate::profile::tests::TESTS),
+        ("shadow", crate::shadow::tests::TESTS),
+        ("special", crate::special::tests::TESTS),
+        ("tensor", crate::tensor::tests::TESTS),
+    ];
+    #[cfg(feature = "cuda")]
+    modules.extend([
+        ("device::cuda", device::cuda::tests::TESTS),
+        ("device::kernel_cache", device::kernel_cache::tests::TESTS),
+        ("device::nvrtc", device::nvrtc::tests::TESTS),
+        ("ops::norm::cuda", ops::norm::cuda::tests::TESTS),
+    ]);
+    let mut tests: Vec<(String, fn())> = modules
+        .iter()
+        .flat_map(|(m, t)| t.iter().map(move |(n, f)| (format!("{m}::tests::{n}"), *f)))
+        .collect();
+    tests.sort_by(|a, b| a.0.cmp(&b.0));
+    tests
+}
+
+/// What the command line asks for.
+#[derive(Default)]
+struct Args {
+    filters: Vec<String>,
+    skip: Vec<String>,
+    exact: bool,
+    list: bool,
+    ignored: bool,
+}
+
+impl Args {
+    /// libtest's arguments; those that change nothing here (`--nocapture`,
+    /// `--test-threads N`, `--quiet`, ...) are accepted and ignored.
+    fn parse(mut it: impl Iterator<Item = String>) -> Args {
+        let mut a = Args::default();
+        while let Some(s) = it.next() {
+            match s.as_str() {
+                "--exact" => a.exact = true,
+                "--list" => a.list = true,
+                "--ignored" => a.ignored = true,
+                "--skip" => a.skip.extend(it.next()),
+                "--test-threads" | "--format" | "--color" | "-Z" => {
+                    it.next();
+                }
+                f if f.starts_with('-') => {}
+                f => a.filters.push(f.to_string()),
+            }
+        }
+        a
+    }
+
+    fn wants(&self, name: &str) -> bool {
+        let hit = |f: &String| {
+            if self.exact {
+                name == f
+            } else {
+                name.contains(f.as_str())
+            }
+        };
+        (self.filters.is_empty() || self.filters.iter().any(hit))
+            && !self.skip.iter().any(|s| name.contains(s.as_str()))
+    }
+}
+
+/// Runs the unit tests the command line selects; failure if any fails.
+pub fn main() -> ExitCode {
+    let args = Args::parse(std::env::args().skip(1));
+    let all = all();
+    let total = all.len();
+    // No unit test is ignored: `--ignored` selects none.
+    let chosen: Vec<_> = all
+        .into_iter()
+        .filter(|(n, _)| !args.ignored && args.wants(n))
+        .collect();
+    if args.list {
+        for (n, _) in &chosen {
+            println!("{n}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let out = std::io::stdout();
+    println!("\nrunning {} tests", chosen.len());
+    let start = Instant::now();
+    let mut failed = Vec::new();
+    for (name, test) in &chosen {
+        print!("test {name} ... ");
+        let _ = out.lock().flush();
+        match catch_unwind(AssertUnwindSafe(test)) {
+            Ok(()) => println!("ok"),
+            Err(_) => {
+                println!("FAILED");
+                failed.push(name.as_str());
+            }
+        }
+    }
+    if !failed.is_empty() {
+        println!("\nfailures:");
+        for n in &failed {
+            println!("    {n}");
+        }
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed; 0 ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        chosen.len() - failed.len(),
+        failed.len(),
+        total - chosen.len(),
+        start.elapsed().as_secs_f64()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
