@@ -14,7 +14,13 @@
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::time::Instant;
+
+/// The panic messages of the test running now (from any thread), printed
+/// only if it fails: a test that expects a panic stays quiet, as under
+/// libtest.
+static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Names a module's tests: `unit_tests![a, b]` is the module's `TESTS`,
 /// which `all` lists. A test function left out is dead code, which the
@@ -130,23 +136,41 @@ pub fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let out = std::io::stdout();
+    std::panic::set_hook(Box::new(|info| {
+        let at = info
+            .location()
+            .map(|l| format!(" at {l}"))
+            .unwrap_or_default();
+        let mut p = PANICS.lock().unwrap_or_else(|e| e.into_inner());
+        p.push(format!(
+            "panicked{at}:\n{}",
+            info.payload_as_str().unwrap_or("")
+        ));
+    }));
     println!("\nrunning {} tests", chosen.len());
     let start = Instant::now();
     let mut failed = Vec::new();
     for (name, test) in &chosen {
         print!("test {name} ... ");
         let _ = out.lock().flush();
+        PANICS.lock().unwrap_or_else(|e| e.into_inner()).clear();
         match catch_unwind(AssertUnwindSafe(test)) {
             Ok(()) => println!("ok"),
             Err(_) => {
                 println!("FAILED");
-                failed.push(name.as_str());
+                let why = std::mem::take(&mut *PANICS.lock().unwrap_or_else(|e| e.into_inner()));
+                failed.push((name.as_str(), why.join("\n")));
             }
         }
     }
+    let _ = std::panic::take_hook();
     if !failed.is_empty() {
-        println!("\nfailures:");
-        for n in &failed {
+        println!("\nfailures:\n");
+        for (n, why) in &failed {
+            println!("---- {n} ----\n{why}\n");
+        }
+        println!("failures:");
+        for (n, _) in &failed {
             println!("    {n}");
         }
     }

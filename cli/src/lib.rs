@@ -1,7 +1,8 @@
 //! The `fusegrad` command's parts, apart from the library: the report, the
 //! benchmarks, the LayerNorm analysis, the variance-stability study, the
 //! plots, the demos and the training front ends with their progress bar.
-//! `src/main.rs` parses the command line and calls these.
+//! [`command`] parses the command line and calls these; `src/main.rs`
+//! only calls it.
 //!
 //! A demo trained with the terminal bar (an [`fusegrad::nn::Observer`]),
 //! and its loss curve written as PNG and SVG:
@@ -35,6 +36,7 @@ pub mod analysis;
 pub mod app;
 pub mod bench;
 pub mod char_lm;
+pub mod command;
 pub mod demo;
 pub mod plot;
 pub mod progress;

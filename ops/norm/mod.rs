@@ -71,7 +71,9 @@ use num_traits::{Float, Zero};
 
 /// A fused norm node as the public fns checked it: inputs `[x, gamma?,
 /// beta?]` normalized over `normalized` (`d` elements per row), centred
-/// (LayerNorm) or not (RMSNorm, never with a beta).
+/// (LayerNorm) or not (RMSNorm, never with a beta); `eps` is the checked
+/// eps in the accumulation type, widened.
+#[derive(Clone)]
 pub struct NormSpec {
     pub(crate) centre: bool,
     pub(crate) normalized: Vec<usize>,
@@ -195,15 +197,8 @@ fn check_args<T: Element>(names: [&'static str; 3], a: Args<'_, T>) -> Result<(T
     Ok((eps, d))
 }
 
-/// The fused norm op; inputs `[x, gamma?, beta?]`.
-struct FusedNorm<A> {
-    centre: bool,
-    normalized: Vec<usize>,
-    d: usize,
-    eps: A,
-    has_gamma: bool,
-    has_beta: bool,
-}
+/// The fused norm op of a checked spec; inputs `[x, gamma?, beta?]`.
+struct FusedNorm(NormSpec);
 
 /// What the fused backward keeps: N values of `rstd` and, for LayerNorm, N
 /// of `mean` (tensors of `[N]` on `x`'s device), plus handles to `x` and
@@ -271,11 +266,11 @@ fn cpu_side<'a, T: Element>(
     }
 }
 
-impl<T: Element> Op<T> for FusedNorm<T::Acc> {
+impl<T: Element> Op<T> for FusedNorm {
     type State = NormState<T>;
 
     fn name(&self) -> &'static str {
-        if self.centre {
+        if self.0.centre {
             "layer_norm"
         } else {
             "rms_norm"
@@ -285,17 +280,18 @@ impl<T: Element> Op<T> for FusedNorm<T::Acc> {
     fn forward(&self, inputs: &[&Tensor<T>]) -> Result<(Tensor<T>, Self::State)> {
         let op = Op::<T>::name(self);
         let x = input(op, inputs, 0)?;
-        let gamma = self.has_gamma.then(|| input(op, inputs, 1)).transpose()?;
+        let gamma = self.0.has_gamma.then(|| input(op, inputs, 1)).transpose()?;
         let beta = self
+            .0
             .has_beta
-            .then(|| input(op, inputs, 1 + self.has_gamma as usize))
+            .then(|| input(op, inputs, 1 + self.0.has_gamma as usize))
             .transpose()?;
         for p in gamma.iter().chain(beta.iter()) {
-            if p.shape() != self.normalized {
+            if p.shape() != self.0.normalized {
                 return Err(Error::ShapeMismatch {
                     op,
                     lhs: p.shape().to_vec(),
-                    rhs: self.normalized.clone(),
+                    rhs: self.0.normalized.clone(),
                 });
             }
         }
@@ -309,15 +305,16 @@ impl<T: Element> Op<T> for FusedNorm<T::Acc> {
         // No rows: nothing to compute (and `d` may be huge).
         if x.numel() == 0 {
             let none = || no_stats()?.to_device(x.device());
-            let mean = self.centre.then(none).transpose()?;
+            let mean = self.0.centre.then(none).transpose()?;
             return Ok((x.clone(), state(mean, none()?, false)));
         }
         match x.storage() {
             Storage::Cpu(xs) => {
                 let p = (cpu_side(x, gamma)?, cpu_side(x, beta)?);
-                let f = cpu::typed::forward(xs, self.d, p, self.eps.f64(), self.centre)?;
+                let f = cpu::typed::forward(xs, self.0.d, p, self.0.eps, self.0.centre)?;
                 let n = [f.rstd.len()];
                 let mean = self
+                    .0
                     .centre
                     .then(|| Tensor::from_buffer(&n, f.mean))
                     .transpose()?;
@@ -329,9 +326,9 @@ impl<T: Element> Op<T> for FusedNorm<T::Acc> {
             Storage::Cuda(xs) => {
                 use cuda::gpu_side;
                 let (gs, bs) = (gpu_side(x, gamma)?, gpu_side(x, beta)?);
-                let eps = self.eps.f64();
+                let eps = self.0.eps;
                 let (y, mean, rstd) =
-                    cuda::forward(xs, x.shape(), self.d, (gs, bs), eps, self.centre)?;
+                    cuda::forward(xs, x.shape(), self.0.d, (gs, bs), eps, self.0.centre)?;
                 // The scaled fallback runs inside the kernels, row by row.
                 Ok((y, state(mean, rstd, false)))
             }
@@ -346,9 +343,9 @@ impl<T: Element> Op<T> for FusedNorm<T::Acc> {
         needs: &[bool],
     ) -> Result<Vec<Option<Tensor<T>>>> {
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
-        let want_dg = self.has_gamma && need(1);
-        let want_db = self.has_beta && need(1 + self.has_gamma as usize);
-        let op = if self.centre {
+        let want_dg = self.0.has_gamma && need(1);
+        let want_db = self.0.has_beta && need(1 + self.0.has_gamma as usize);
+        let op = if self.0.centre {
             "layer_norm backward"
         } else {
             "rms_norm backward"
@@ -376,15 +373,15 @@ impl<T: Element> Op<T> for FusedNorm<T::Acc> {
                     Some(_) => return Err(mismatch()),
                 };
                 let gs = cpu_side(&s.x, s.gamma.as_ref())?;
-                let (d, eps) = (self.d, self.eps.f64());
+                let (d, eps) = (self.0.d, self.0.eps);
                 let o = cpu::typed::backward(xs, dy, d, gs, (m, r), s.scaled, eps, want)?;
                 let shaped = |v: Option<Buffer<T>>, shape: &[usize]| {
                     v.map(|v| Tensor::from_buffer(shape, v)).transpose()
                 };
                 Grads {
                     dx: shaped(o.dx, s.x.shape())?,
-                    dgamma: shaped(o.dgamma, &self.normalized)?,
-                    dbeta: shaped(o.dbeta, &self.normalized)?,
+                    dgamma: shaped(o.dgamma, &self.0.normalized)?,
+                    dbeta: shaped(o.dbeta, &self.0.normalized)?,
                 }
             }
             #[cfg(feature = "cuda")]
@@ -395,18 +392,18 @@ impl<T: Element> Op<T> for FusedNorm<T::Acc> {
                     Some(_) => return Err(mismatch()),
                 };
                 let gs = cuda::gpu_side(&s.x, s.gamma.as_ref())?;
-                let shapes = (s.x.shape(), &self.normalized[..]);
-                let eps = self.eps.f64();
-                cuda::backward(xs, dy, shapes, self.d, gs, (m, r), eps, want)?
+                let shapes = (s.x.shape(), &self.0.normalized[..]);
+                let eps = self.0.eps;
+                cuda::backward(xs, dy, shapes, self.0.d, gs, (m, r), eps, want)?
             }
             #[cfg(feature = "cuda")]
             _ => return Err(mismatch()),
         };
         let mut grads = vec![g.dx];
-        if self.has_gamma {
+        if self.0.has_gamma {
             grads.push(g.dgamma);
         }
-        if self.has_beta {
+        if self.0.has_beta {
             grads.push(g.dbeta);
         }
         Ok(grads)
@@ -485,13 +482,5 @@ fn norm_nd<T: Element>(
         has_gamma: gamma.is_some(),
         has_beta: beta.is_some(),
     };
-    let op = FusedNorm {
-        centre,
-        normalized: spec.normalized.clone(),
-        d,
-        eps,
-        has_gamma: spec.has_gamma,
-        has_beta: spec.has_beta,
-    };
-    Tape::apply_twinned(op, &inputs, || twin::twin(&spec))
+    Tape::apply_twinned(FusedNorm(spec.clone()), &inputs, || twin::twin(&spec))
 }

@@ -66,26 +66,24 @@
 
 pub(crate) mod clip;
 mod init;
-mod layer_norm;
 mod linear;
 mod mlp;
 mod observe;
 mod optim;
 #[cfg(feature = "cuda")]
 pub(crate) use optim::KERNELS;
-mod rms_norm;
+mod norm;
 pub(crate) mod schedule;
 mod transformer;
 mod weights;
 
 pub use clip::clip_grad_norm;
 pub use init::Init;
-pub use layer_norm::{LayerNorm, NormImpl};
 pub use linear::Linear;
 pub use mlp::{Activation, Mlp, MlpConfig, Norm};
+pub use norm::{LayerNorm, NormImpl, RmsNorm};
 pub use observe::{EvalPoint, Observer, Silent, Step};
 pub use optim::{Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
-pub use rms_norm::RmsNorm;
 pub use schedule::WarmupCosine;
 pub use transformer::{Embedding, Gpt, GptConfig, MultiHeadAttention, TransformerBlock};
 pub use weights::{load, save};
