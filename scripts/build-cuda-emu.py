@@ -4,7 +4,7 @@ target/cuda-emu/ (libcuda.so, libcublas.so): kernels/*.cu compiled as host
 C++ against tests/cuda_emu/runtime.h, with tests/cuda_emu/{driver,cublas}.cpp.
 
     python3 scripts/build-cuda-emu.py
-    LD_LIBRARY_PATH=$PWD/target/cuda-emu cargo test --release --test cuda
+    LD_LIBRARY_PATH=$PWD/target/cuda-emu cargo test --release --test library cuda::
 
 Only for tests: it runs the real kernels' code on the CPU, so a launcher
 that passes the wrong arguments, geometry or buffer sizes fails here.

@@ -47,8 +47,8 @@ if [ "$emulate" = 1 ]; then
     export LD_LIBRARY_PATH="$root/target/cuda-emu:${LD_LIBRARY_PATH:-}"
     export FUSEGRAD_NVRTC="${FUSEGRAD_NVRTC:-$root/target/cuda-tools/nvidia/cuda_nvrtc/lib}"
     bench_args=(--shapes 64x256,33x1000 --reps 3)
-    cuda_filter=(backend::fused_and_composed_layer_norm_agree_on_the_gpu)
-    norms_filter=(norms::fused_cuda_composed_cuda_and_fused_cpu_agree_f32)
+    cuda_filter=(cuda::backend::fused_and_composed_layer_norm_agree_on_the_gpu)
+    norms_filter=(cuda::norms::fused_cuda_composed_cuda_and_fused_cpu_agree_f32)
     where="CPU emulation of the driver (tests/cuda_emu)"
 else
     if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
@@ -76,8 +76,8 @@ PY
         fi
     done
     bench_args=()
-    cuda_filter=(backend::)
-    norms_filter=(norms::)
+    cuda_filter=(cuda::backend::)
+    norms_filter=(cuda::norms::)
     where="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)"
 fi
 
@@ -174,9 +174,9 @@ run_test() {
 write_summary
 step kernels "$out/kernels.txt" ./fusegrad kernels --arch sm_90
 run_test tests-unavailable ./test-library core::no_gpu::
-run_test tests-cuda ./test-cuda "${cuda_filter[@]}"
-run_test tests-norms ./test-cuda "${norms_filter[@]}"
-run_test tests-bench ./test-cuda bench::
+run_test tests-cuda ./test-library "${cuda_filter[@]}"
+run_test tests-norms ./test-library "${norms_filter[@]}"
+run_test tests-bench ./test-library cuda::bench::
 : > "$out/bench.jsonl"
 step bench "$out/bench.jsonl" ./fusegrad bench --device cuda --json "${bench_args[@]}"
 # The step's own header line is not JSON; keep the rows only.
@@ -221,8 +221,8 @@ if [ "$emulate" = 1 ]; then
     skip memcheck "no sanitizer on the emulation"
     skip racecheck "no sanitizer on the emulation"
 else
-    sanitize memcheck ./test-cuda --test-threads=1 every_op_matches_the_cpu_f32
-    sanitize racecheck ./test-cuda --test-threads=1 fused_and_composed
+    sanitize memcheck ./test-library --test-threads=1 cuda::backend::every_op_matches_the_cpu_f32
+    sanitize racecheck ./test-library --test-threads=1 cuda::backend::fused_and_composed
 fi
 write_summary
 echo

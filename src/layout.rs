@@ -199,7 +199,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![
+    unit_tests![
         broadcast_rules,
         offsets_follow_broadcast,
         overflow_is_an_error,

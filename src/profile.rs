@@ -157,7 +157,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![spans_tally_only_when_on_and_never_nest];
+    unit_tests![spans_tally_only_when_on_and_never_nest];
 
     fn spans_tally_only_when_on_and_never_nest() {
         // The only test that turns the switch on; other threads' tallies

@@ -22,16 +22,6 @@ use std::time::Instant;
 /// libtest.
 static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// Names a module's tests: `unit_tests![a, b]` is the module's `TESTS`,
-/// which `all` lists. A test function left out is dead code, which the
-/// build denies.
-macro_rules! unit_tests {
-    ($($t:ident),* $(,)?) => {
-        pub(crate) const TESTS: &[(&str, fn())] = &[$((stringify!($t), $t)),*];
-    };
-}
-pub(crate) use unit_tests;
-
 /// A module's tests: each name and function.
 type Table = &'static [(&'static str, fn())];
 

@@ -130,7 +130,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![erf_matches_reference_values, erfc_is_accurate_in_the_tail,];
+    unit_tests![erf_matches_reference_values, erfc_is_accurate_in_the_tail,];
 
     /// Reference values (50-digit evaluations rounded to f64).
     const ERF: [(f64, f64); 8] = [

@@ -466,7 +466,7 @@ pub(crate) mod tests {
     use crate::{ops, Tape};
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![tensors_fusegrad_allocates_start_on_a_cache_line];
+    unit_tests![tensors_fusegrad_allocates_start_on_a_cache_line];
 
     fn on_a_line<T: Element>(t: &Tensor<T>) -> bool {
         t.as_slice()

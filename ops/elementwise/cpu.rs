@@ -632,7 +632,7 @@ pub(crate) mod tests {
     use crate::layout::broadcast_strides;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![
+    unit_tests![
         inline_strides_match_the_shape_module_past_the_inline_rank,
         broadcast_add_of_rank_six_matches_an_index_loop,
     ];

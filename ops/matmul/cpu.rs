@@ -191,7 +191,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![
+    unit_tests![
         banded_transposed_products_match_naive_exactly,
         a_band_computes_its_rows_as_the_whole_product_does,
         half_types_widen_and_batches_broadcast,

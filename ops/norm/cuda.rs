@@ -209,7 +209,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![geometry_follows_the_kernels_rule];
+    unit_tests![geometry_follows_the_kernels_rule];
 
     fn geometry_follows_the_kernels_rule() {
         // d = 768 f32: 192 chunks, 24 per thread forward -> tpr 32, 8 rows

@@ -304,7 +304,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![
+    unit_tests![
         scaling_is_exact_across_the_range,
         huge_and_tiny_rows_normalize_like_unit_rows,
     ];

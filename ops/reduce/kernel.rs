@@ -60,7 +60,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![sum_back_to_shape];
+    unit_tests![sum_back_to_shape];
 
     fn sum_back_to_shape() {
         let g = Tensor::from_vec(vec![2, 3], vec![1.0f64, 2., 3., 4., 5., 6.]).unwrap();

@@ -484,7 +484,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![
+    unit_tests![
         broadcast_strides_follow_numpy,
         a_missing_gpu_is_an_error_not_a_panic,
     ];

@@ -203,7 +203,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![
+    unit_tests![
         entries_round_trip_and_damage_is_detected,
         the_key_changes_with_every_input,
     ];

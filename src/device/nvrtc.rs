@@ -372,7 +372,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![ptxas_report_is_parsed];
+    unit_tests![ptxas_report_is_parsed];
 
     fn ptxas_report_is_parsed() {
         let log = "ptxas info    : Compiling entry function 'ln_fwd_f32' for 'sm_90'\n\

@@ -418,7 +418,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![
+    unit_tests![
         large_fresh_buffers_ask_for_huge_pages,
         large_buffers_are_reused_small_ones_are_not,
         kernel_buffers_start_on_a_cache_line_and_keep_their_values,

@@ -76,7 +76,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![scales_to_the_bound_only_past_it];
+    unit_tests![scales_to_the_bound_only_past_it];
 
     fn scales_to_the_bound_only_past_it() {
         let mut g = vec![

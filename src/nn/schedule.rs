@@ -64,7 +64,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![warms_up_linearly_then_decays_to_the_floor];
+    unit_tests![warms_up_linearly_then_decays_to_the_floor];
 
     fn warms_up_linearly_then_decays_to_the_floor() {
         let s = WarmupCosine::new(1e-3, 1e-4, 10, 110).unwrap();

@@ -4,7 +4,7 @@ use crate::rng::Rng;
 use crate::{Device, Element, Tape};
 
 // The tests, run by `tests/unit.rs`.
-crate::selftest::unit_tests![
+unit_tests![
     a_clean_f32_run_is_within_tolerance_at_every_layer,
     a_clean_bf16_run_is_within_tolerance_at_every_layer,
     unwatched_steps_check_nothing_and_fractions_pick_calls,

@@ -1,5 +1,5 @@
 //! Helpers the test groups share: a module of the library's test binary
-//! (`tests/main.rs`), of the CUDA tests' and of the command's.
+//! (`tests/main.rs`) and of the command's.
 #![allow(dead_code)]
 
 use fusegrad::rng::Rng;
@@ -29,3 +29,44 @@ pub fn workspace_root() -> std::path::PathBuf {
         _ => here.to_path_buf(),
     }
 }
+
+/// Whether the calling test has just run in a process of its own and
+/// passed there, so it returns: `false` inside that process, where its
+/// body goes on. For the checks of "no GPU can be used": in the library's
+/// test binary the `cuda` group loads the driver's emulation, for the
+/// whole process. `module` is `module_path!()`, `name` the test's name.
+pub fn ran_alone(module: &str, name: &str) -> bool {
+    // The test's path as libtest names it: without the crate.
+    let path = module.split_once("::").map_or("", |(_, m)| m);
+    let full = format!("{path}::{name}");
+    if std::env::var("FUSEGRAD_TEST_ALONE").is_ok_and(|v| v == full) {
+        return false;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", &full, "--nocapture", "--test-threads=1"])
+        .env("FUSEGRAD_TEST_ALONE", &full)
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && so.contains("1 passed"),
+        "{full}, in a process of its own:\n{so}\n{se}"
+    );
+    eprint!("{se}");
+    true
+}
+
+/// Runs the rest of the calling test `$name` in a process of its own
+/// ([`ran_alone`]).
+#[allow(unused_macros)]
+macro_rules! alone {
+    ($name:ident) => {
+        if $crate::common::ran_alone(module_path!(), stringify!($name)) {
+            return;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use alone;

@@ -5,8 +5,11 @@
 //! `FUSEGRAD_REQUIRE_GPU=1` (set by `scripts/gpu-check.sh`) a GPU must be
 //! usable, so a broken device cannot pass them as "unavailable". Host
 //! allocations that cannot succeed are errors too (`ShapeTooLarge` /
-//! `OutOfMemory`), never aborts.
+//! `OutOfMemory`), never aborts. Each test runs in a process of its own
+//! (`alone!`): the `cuda` group loads the driver's emulation for the whole
+//! test binary.
 
+use crate::common::alone;
 use fusegrad::{ops, Device, Error, Tape, Tensor};
 
 fn unavailable<T: std::fmt::Debug>(r: fusegrad::Result<T>) {
@@ -33,6 +36,7 @@ fn gpu_present() -> bool {
 
 #[test]
 fn every_cuda_entry_point_is_an_error() {
+    alone!(every_cuda_entry_point_is_an_error);
     if gpu_present() {
         return;
     }
@@ -55,6 +59,7 @@ fn every_cuda_entry_point_is_an_error() {
 
 #[test]
 fn ops_run_on_the_cpu_and_never_reach_for_a_gpu() {
+    alone!(ops_run_on_the_cpu_and_never_reach_for_a_gpu);
     let tape = Tape::<f32>::new();
     let x = tape.var(Tensor::from_vec(vec![2, 2], vec![1.0, 2.0, 3.0, 5.0]).unwrap());
     let y = ops::layer_norm(&x, None, None, 1e-5).unwrap();
@@ -66,6 +71,7 @@ fn ops_run_on_the_cpu_and_never_reach_for_a_gpu() {
 
 #[test]
 fn host_allocation_failures_are_errors() {
+    alone!(host_allocation_failures_are_errors);
     // Too many bytes for any address space: refused by the allocator.
     assert!(matches!(
         Tensor::<f32>::full(&[1 << 56], 0.0),
@@ -86,6 +92,7 @@ fn host_allocation_failures_are_errors() {
 
 #[test]
 fn a_module_that_cannot_move_is_left_unchanged() {
+    alone!(a_module_that_cannot_move_is_left_unchanged);
     use fusegrad::nn::{Linear, Parameters};
     if gpu_present() {
         return;

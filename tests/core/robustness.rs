@@ -1157,6 +1157,9 @@ fn count(op: &'static str, ok: bool) {
 
 #[test]
 fn public_api_never_panics_and_follows_its_docs() {
+    // Its tensors' `to_device(Cuda)` must fail: a process where no test
+    // has loaded the CUDA driver's emulation.
+    crate::common::alone!(public_api_never_panics_and_follows_its_docs);
     let config = ProptestConfig {
         cases: cases(),
         rng_seed: seed(),

@@ -568,7 +568,7 @@ mod across_processes {
         let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "--exact",
-            "backend::across_processes::child_embedding_lookup",
+            "cuda::backend::across_processes::child_embedding_lookup",
             "--include-ignored",
             "--nocapture",
         ]);

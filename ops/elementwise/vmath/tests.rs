@@ -7,7 +7,7 @@ use crate::device::cpu::{best_simd, set_simd_limit, Simd, SIMD_TESTS};
 use crate::special::{normal_cdf, normal_pdf};
 
 // The tests, run by `tests/unit.rs`.
-crate::selftest::unit_tests![
+unit_tests![
     exp_is_within_2_ulp_and_ieee_at_the_edges,
     log_is_within_2_ulp_and_ieee_at_the_edges,
     tanh_is_within_2_ulp_and_saturates,

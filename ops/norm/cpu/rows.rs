@@ -118,7 +118,7 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    crate::selftest::unit_tests![groups_are_bounded_and_whole_chunks];
+    unit_tests![groups_are_bounded_and_whole_chunks];
 
     fn groups_are_bounded_and_whole_chunks() {
         for (n, d) in [

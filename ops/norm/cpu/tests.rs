@@ -9,7 +9,7 @@ use crate::device::cpu::{
 use crate::rng::Rng;
 
 // The tests, run by `tests/unit.rs`.
-crate::selftest::unit_tests![
+unit_tests![
     every_build_and_store_kind_gives_the_same_bits,
     lockstep_rows_give_the_same_bits_as_one_at_a_time,
     backward_pairs_change_no_bits_and_override_the_profile,

@@ -5,7 +5,7 @@ use super::*;
 use std::sync::Mutex;
 
 // The tests, run by `tests/unit.rs`.
-crate::selftest::unit_tests![
+unit_tests![
     chunks_depend_on_row_length_only,
     stream_copy_copies_every_length_and_offset,
     every_build_and_store_kind_writes_the_same_values,
