@@ -4,13 +4,14 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 /// Names a module's unit tests: `unit_tests![a, b]` is the module's
-/// `TESTS`, which `selftest` runs. Defined before the modules, so they
+/// `TESTS` (each test's path and function), which `selftest` runs. Defined before the modules, so they
 /// name it without a path (and import nothing from `selftest`). A test
 /// function left out is dead code, which the build denies.
 #[cfg(feature = "selftest")]
 macro_rules! unit_tests {
     ($($t:ident),* $(,)?) => {
-        pub(crate) const TESTS: &[(&str, fn())] = &[$((stringify!($t), $t)),*];
+        pub(crate) const TESTS: &[(&str, fn())] =
+            &[$((concat!(module_path!(), "::", stringify!($t)), $t)),*];
     };
 }
 

@@ -22,46 +22,42 @@ use std::time::Instant;
 /// libtest.
 static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// A module's tests: each name and function.
-type Table = &'static [(&'static str, fn())];
-
-/// Every unit test: its module's path and its table.
-fn all() -> Vec<(String, fn())> {
-    use crate::{device, nn, ops};
+/// Every unit test, by its path in the crate (as libtest would name it).
+fn all() -> Vec<(&'static str, fn())> {
+    use crate::{device, layout, nn, ops, profile, shadow, special, tensor};
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-    let mut modules: Vec<(&str, Table)> = vec![
-        ("device::cpu", device::cpu::tests::TESTS),
-        ("device::pool", device::pool::tests::TESTS),
-        ("layout", crate::layout::tests::TESTS),
-        ("nn::clip", nn::clip::tests::TESTS),
-        ("nn::schedule", nn::schedule::tests::TESTS),
-        ("ops::elementwise::cpu", ops::elementwise::cpu::tests::TESTS),
-        (
-            "ops::elementwise::vmath",
-            ops::elementwise::vmath::tests::TESTS,
-        ),
-        ("ops::matmul::cpu", ops::matmul::cpu::tests::TESTS),
-        ("ops::norm::cpu", ops::norm::cpu::tests::TESTS),
-        ("ops::norm::cpu::rows", ops::norm::cpu::rows::tests::TESTS),
-        ("ops::norm::scaled", ops::norm::scaled::tests::TESTS),
-        ("ops::reduce::kernel", ops::reduce::kernel::tests::TESTS),
-        ("profile", crate::profile::tests::TESTS),
-        ("shadow", crate::shadow::tests::TESTS),
-        ("special", crate::special::tests::TESTS),
-        ("tensor", crate::tensor::tests::TESTS),
+    let mut tables = vec![
+        device::cpu::tests::TESTS,
+        device::pool::tests::TESTS,
+        layout::tests::TESTS,
+        nn::clip::tests::TESTS,
+        nn::schedule::tests::TESTS,
+        ops::elementwise::cpu::tests::TESTS,
+        ops::elementwise::vmath::tests::TESTS,
+        ops::matmul::cpu::tests::TESTS,
+        ops::norm::cpu::tests::TESTS,
+        ops::norm::cpu::rows::tests::TESTS,
+        ops::norm::scaled::tests::TESTS,
+        ops::reduce::kernel::tests::TESTS,
+        profile::tests::TESTS,
+        shadow::tests::TESTS,
+        special::tests::TESTS,
+        tensor::tests::TESTS,
     ];
     #[cfg(feature = "cuda")]
-    modules.extend([
-        ("device::cuda", device::cuda::tests::TESTS),
-        ("device::kernel_cache", device::kernel_cache::tests::TESTS),
-        ("device::nvrtc", device::nvrtc::tests::TESTS),
-        ("ops::norm::cuda", ops::norm::cuda::tests::TESTS),
+    tables.extend([
+        device::cuda::tests::TESTS,
+        device::kernel_cache::tests::TESTS,
+        device::nvrtc::tests::TESTS,
+        ops::norm::cuda::tests::TESTS,
     ]);
-    let mut tests: Vec<(String, fn())> = modules
-        .iter()
-        .flat_map(|(m, t)| t.iter().map(move |(n, f)| (format!("{m}::tests::{n}"), *f)))
+    let strip = |p: &'static str| p.strip_prefix("fusegrad::").unwrap_or(p);
+    let mut tests: Vec<_> = tables
+        .into_iter()
+        .flatten()
+        .map(|&(p, f)| (strip(p), f))
         .collect();
-    tests.sort_by(|a, b| a.0.cmp(&b.0));
+    tests.sort_by_key(|t| t.0);
     tests
 }
 
@@ -149,7 +145,7 @@ pub fn main() -> ExitCode {
             Err(_) => {
                 println!("FAILED");
                 let why = std::mem::take(&mut *PANICS.lock().unwrap_or_else(|e| e.into_inner()));
-                failed.push((name.as_str(), why.join("\n")));
+                failed.push((*name, why.join("\n")));
             }
         }
     }
