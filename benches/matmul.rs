@@ -1,11 +1,12 @@
-//! GFLOP/s of the CPU matrix product (`matrixmultiply`, banded over the
-//! thread team: the kernel `ops::matmul` runs) on the products of the
-//! default transformer's training step: each Linear layer's forward
+//! GFLOP/s of the CPU f32 matrix product (the kernel `ops::matmul` runs,
+//! banded over the thread team) on the products of the default
+//! transformer's training step: each Linear layer's forward
 //! `[1024, in] @ [in, out]`, input gradient `[1024, out] @ [out, in]` and
 //! weight gradient `[in, 1024] @ [1024, out]`, at 16 x 64 rows. These are
 //! most of the step (`fusegrad bench --train`), so this is where the step's
-//! speed is bounded. Operands here are contiguous; in the step the
-//! gradients' transposed operands are strides into the same buffers.
+//! speed is bounded. Operands are stored as in the step: the input
+//! gradient reads the weight `[in, out]` transposed, the weight gradient
+//! the input `[1024, in]` transposed.
 //!
 //! `cargo bench --features probes --bench matmul -- [--reps K] [--rows M]`
 
@@ -23,8 +24,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median seconds of `[m, k] @ [k, n]` over `reps`, after one untimed run.
-fn time(m: usize, k: usize, n: usize, reps: usize) -> f64 {
+/// Median seconds of `[m, k] @ [k, n]` over `reps`, after one untimed run,
+/// with the operands stored transposed as `t` says.
+fn time([m, k, n]: [usize; 3], transposed: [bool; 2], reps: usize) -> f64 {
     let a: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
         .collect();
@@ -35,7 +37,7 @@ fn time(m: usize, k: usize, n: usize, reps: usize) -> f64 {
     let mut t = Vec::new();
     for r in 0..=reps {
         let start = Instant::now();
-        matmul_kernel(&a, &b, &mut o, [m, k, n]);
+        matmul_kernel(&a, &b, &mut o, [m, k, n], transposed);
         if r > 0 {
             t.push(start.elapsed().as_secs_f64());
         }
@@ -66,12 +68,12 @@ fn main() {
     );
     let (mut total_s, mut total_flop) = (0.0, 0.0);
     for (&(i, o), &count) in LAYERS.iter().zip(&COUNT) {
-        for (what, [m, k, n]) in [
-            ("forward", [rows, i, o]),
-            ("input grad", [rows, o, i]),
-            ("weight grad", [i, rows, o]),
+        for (what, [m, k, n], t) in [
+            ("forward", [rows, i, o], [false, false]),
+            ("input grad", [rows, o, i], [false, true]),
+            ("weight grad", [i, rows, o], [true, false]),
         ] {
-            let s = time(m, k, n, reps);
+            let s = time([m, k, n], t, reps);
             let flop = 2.0 * (m * k * n) as f64;
             total_s += s * count as f64;
             total_flop += flop * count as f64;

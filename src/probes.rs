@@ -39,6 +39,12 @@ pub fn norm_groups(n: usize, d: usize) -> usize {
 }
 
 /// `out = a @ b` by the CPU kernel `ops::matmul` runs.
-pub fn matmul_kernel(a: &[f32], b: &[f32], out: &mut [f32], [m, k, n]: [usize; 3]) {
-    crate::ops::matmul_kernel(a, b, out, [m, k, n])
+pub fn matmul_kernel(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    mkn: [usize; 3],
+    transposed: [bool; 2],
+) {
+    crate::ops::matmul_kernel(a, b, out, mkn, transposed)
 }

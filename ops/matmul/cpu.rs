@@ -1,13 +1,17 @@
-//! CPU loops for the batched matrix product, through `matrixmultiply`'s
-//! packed, register-blocked kernels (AVX2/FMA where the CPU has them).
-//! f32 and f64 run in their own type; f16 and bf16 are widened to f32 (their
-//! accumulation type) once per operand, which costs O(mk + kn) beside the
-//! O(mkn) product. Transposes are strides, never copies. Work is split
-//! into bands of output rows; a band's entries are computed exactly as in
-//! one call over all rows, so the result is bitwise the same for any
-//! thread count.
+//! CPU loops for the batched matrix product. f32 runs the AVX-512 kernel
+//! of `avx512.rs` where the CPU has it, else `matrixmultiply`'s packed,
+//! register-blocked kernels (AVX2/FMA where the CPU has them), as f64
+//! does. f16 and bf16 are widened to f32 (their accumulation type) once
+//! per operand, which costs O(mk + kn) beside the O(mkn) product.
+//! Transposes are strides, never copies. Work is split into bands of
+//! output rows (or columns, for a kernel whose entries do not depend on the
+//! columns a call computes); a band's entries are computed exactly as in
+//! one call over the whole product, so the result is bitwise the same for
+//! any thread count.
 
-use crate::device::cpu::run_each;
+#[cfg(target_arch = "x86_64")]
+use super::avx512;
+use crate::device::cpu::run_tasks;
 use crate::dtype::{Accum, Element};
 use crate::layout::{broadcast_strides, for_each_offset};
 use std::any::TypeId;
@@ -17,43 +21,70 @@ const PAR_MIN_MACS: usize = 1 << 18;
 /// Rows per band at least: each band packs its own panels of `b`.
 const MIN_BAND_ROWS: usize = 32;
 
-/// A scalar `matrixmultiply` has a kernel for.
+/// A scalar with a product kernel.
 trait Gemm: Copy + Send + Sync + 'static {
+    /// Bands of rows and columns this type's kernel is split into, as
+    /// multiples of `(rows, columns)`; `None` for a kernel split by rows
+    /// only (whose entries may depend on the columns a call computes).
+    fn tiles() -> Option<(usize, usize)>;
+
     /// `c = a @ b` (`c` overwritten) for strided `a: [m, k]`, `b: [k, n]`
-    /// and row-major `c: [m, n]`, with `(row, column)` strides.
-    fn gemm(
+    /// with `(row, column)` strides, and `c: [m, n]` at row stride `ldc`
+    /// with its columns adjacent.
+    ///
+    /// # Safety
+    /// `c[i * ldc + j]` for `i < m, j < n` is in bounds, and no other
+    /// thread touches it during the call.
+    unsafe fn gemm(
         mkn: [usize; 3],
         a: &[Self],
         sa: [isize; 2],
         b: &[Self],
         sb: [isize; 2],
-        c: &mut [Self],
+        c: *mut Self,
+        ldc: usize,
+    );
+}
+
+/// Panics unless `s` holds the `[r, c]` entries at strides `st`: the bounds
+/// every kernel reads, checked once.
+fn check_span<T>(s: &[T], [r, c]: [usize; 2], st: [isize; 2]) {
+    let span = if r == 0 || c == 0 {
+        0
+    } else {
+        (r - 1) * st[0] as usize + (c - 1) * st[1] as usize + 1
+    };
+    assert!(
+        s.len() >= span,
+        "matmul operand of {} for a span of {span}",
+        s.len()
     );
 }
 
 macro_rules! gemm_impl {
-    ($t:ty, $f:ident) => {
+    ($t:ty, $f:ident, $tiles:expr, $fast:expr) => {
         impl Gemm for $t {
-            fn gemm(
+            fn tiles() -> Option<(usize, usize)> {
+                $tiles
+            }
+
+            unsafe fn gemm(
                 [m, k, n]: [usize; 3],
                 a: &[Self],
-                [rsa, csa]: [isize; 2],
+                sa: [isize; 2],
                 b: &[Self],
-                [rsb, csb]: [isize; 2],
-                c: &mut [Self],
+                sb: [isize; 2],
+                c: *mut Self,
+                ldc: usize,
             ) {
-                debug_assert!(c.len() == m * n);
-                let span = |r: usize, c: usize, rs: isize, cs: isize| {
-                    if r == 0 || c == 0 {
-                        0
-                    } else {
-                        (r - 1) * rs as usize + (c - 1) * cs as usize + 1
-                    }
-                };
-                // The bounds the kernel reads and writes, checked once.
-                assert!(a.len() >= span(m, k, rsa, csa) && b.len() >= span(k, n, rsb, csb));
+                check_span(a, [m, k], sa);
+                check_span(b, [k, n], sb);
+                #[allow(clippy::redundant_closure_call)]
+                if ($fast)([m, k, n], a, sa, b, sb, c, ldc) {
+                    return;
+                }
                 // SAFETY: every index the kernel forms lies within the spans
-                // just checked; `c` is `[m, n]` row-major and exclusive.
+                // just checked and the caller's bounds for `c`.
                 unsafe {
                     matrixmultiply::$f(
                         m,
@@ -61,14 +92,14 @@ macro_rules! gemm_impl {
                         n,
                         1.0,
                         a.as_ptr(),
-                        rsa,
-                        csa,
+                        sa[0],
+                        sa[1],
                         b.as_ptr(),
-                        rsb,
-                        csb,
+                        sb[0],
+                        sb[1],
                         0.0,
-                        c.as_mut_ptr(),
-                        n as isize,
+                        c,
+                        ldc as isize,
                         1,
                     )
                 }
@@ -76,8 +107,32 @@ macro_rules! gemm_impl {
         }
     };
 }
-gemm_impl!(f32, sgemm);
-gemm_impl!(f64, dgemm);
+
+/// The f32 kernel of `avx512.rs`, where the CPU has it: whether it ran.
+#[allow(clippy::type_complexity)]
+const F32_FAST: fn([usize; 3], &[f32], [isize; 2], &[f32], [isize; 2], *mut f32, usize) -> bool =
+    |mkn, a, sa, b, sb, c, ldc| {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            // SAFETY: the operands' spans were checked by `gemm`, `c`'s bounds
+            // are its caller's contract, and the CPU has AVX-512F.
+            unsafe { avx512::sgemm(mkn, a.as_ptr(), sa, b.as_ptr(), sb, c, ldc) };
+            return true;
+        }
+        let _ = (mkn, a, sa, b, sb, c, ldc);
+        false
+    };
+
+fn f32_tiles() -> Option<(usize, usize)> {
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        return Some((avx512::MR, avx512::NR));
+    }
+    None
+}
+
+gemm_impl!(f32, sgemm, f32_tiles(), F32_FAST);
+gemm_impl!(f64, dgemm, None, |_, _, _, _, _, _, _| false);
 
 /// `s` as a slice of `U` when `T` is `U`.
 fn same<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
@@ -159,29 +214,71 @@ fn run<G: Gemm>(
     let (st_a, st_b) = (strides(ta, m, k), strides(tb, k, n));
     let macs = out.len().saturating_mul(k);
     let threads = rayon::current_num_threads().max(1);
-    // Rows per band: enough bands for every thread, none under
-    // MIN_BAND_ROWS; one band per entry when the work is small.
-    let per_entry = (oa.len() * m).div_ceil(2 * threads).max(MIN_BAND_ROWS);
+    let entries = oa.len();
+    // Bands `(rows, columns)` of each entry's `[m, n]`.
     let band = if macs < PAR_MIN_MACS {
-        m
-    } else {
-        per_entry.min(m)
-    };
-    let mut jobs = Vec::new();
-    for (i, entry) in out.chunks_mut(m * n).enumerate() {
-        for (r, o) in entry.chunks_mut(band * n).enumerate() {
-            jobs.push((i, r * band, o));
+        (m, n)
+    } else if let Some((mr, nr)) = G::tiles() {
+        // One band per thread, of whole register tiles, along the longer
+        // side: every band packs its own panels, so fewer is cheaper.
+        let parts = threads.div_ceil(entries);
+        if n > m {
+            (m, n.div_ceil(parts).next_multiple_of(nr))
+        } else {
+            (m.div_ceil(parts).next_multiple_of(mr), n)
         }
-    }
-    let job = |(i, r0, o): (usize, usize, &mut [G])| {
-        let rows = o.len() / n;
-        let a0 = oa[i] + r0 * st_a[0] as usize;
-        G::gemm([rows, k, n], &a[a0..], st_a, &b[ob[i]..], st_b, o);
-    };
-    if jobs.len() > 1 && macs >= PAR_MIN_MACS {
-        run_each(jobs, job);
     } else {
-        jobs.into_iter().for_each(job);
+        // Enough bands for two per thread, none under MIN_BAND_ROWS.
+        let rows = (entries * m).div_ceil(2 * threads).max(MIN_BAND_ROWS);
+        (rows.min(m), n)
+    };
+    let (rb, cb) = (band.0.max(1), band.1.max(1));
+    let (row_bands, col_bands) = (m.div_ceil(rb), n.div_ceil(cb));
+    let per_entry = row_bands * col_bands;
+    let jobs = entries * per_entry;
+    let c = SharedOut(out.as_mut_ptr());
+    let job = |j: usize| {
+        let (i, t) = (j / per_entry, j % per_entry);
+        let (r0, c0) = ((t / col_bands) * rb, (t % col_bands) * cb);
+        let (rows, cols) = (rb.min(m - r0), cb.min(n - c0));
+        let a0 = oa[i] + r0 * st_a[0] as usize;
+        let b0 = ob[i] + c0 * st_b[1] as usize;
+        // SAFETY: the bands tile entry `i` of `out` (`[m, n]`, row-major)
+        // without overlap, so each call writes only its own `[rows, cols]`.
+        unsafe {
+            G::gemm(
+                [rows, k, cols],
+                &a[a0..],
+                st_a,
+                &b[b0..],
+                st_b,
+                c.at(i * m * n + r0 * n + c0),
+                n,
+            )
+        };
+    };
+    if jobs > 1 && macs >= PAR_MIN_MACS {
+        run_tasks(jobs, &job);
+    } else {
+        (0..jobs).for_each(job);
+    }
+}
+
+/// The output of a product, written by several bands at once.
+#[derive(Clone, Copy)]
+struct SharedOut<G>(*mut G);
+// SAFETY: each band writes its own entries of the output only.
+unsafe impl<G: Send> Sync for SharedOut<G> {}
+unsafe impl<G: Send> Send for SharedOut<G> {}
+
+impl<G> SharedOut<G> {
+    /// The output's entry `i`.
+    ///
+    /// # Safety
+    /// `i` is within the output.
+    unsafe fn at(self, i: usize) -> *mut G {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.add(i) }
     }
 }
 
@@ -195,6 +292,7 @@ pub(crate) mod tests {
         banded_transposed_products_match_naive_exactly,
         a_band_computes_its_rows_as_the_whole_product_does,
         half_types_widen_and_batches_broadcast,
+        f32_entries_are_one_fma_chain_over_stale_output,
     ];
 
     fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
@@ -266,33 +364,114 @@ pub(crate) mod tests {
             let a: Vec<G> = (0..m * k).map(|_| of(rng.normal())).collect();
             let b: Vec<G> = (0..k * n).map(|_| of(rng.normal())).collect();
             let mut whole = vec![of(0.0); m * n];
-            G::gemm(
-                [m, k, n],
-                &a,
-                [k as isize, 1],
-                &b,
-                [n as isize, 1],
-                &mut whole,
-            );
+            // SAFETY: `whole` is `[m, n]` row-major.
+            unsafe {
+                G::gemm(
+                    [m, k, n],
+                    &a,
+                    [k as isize, 1],
+                    &b,
+                    [n as isize, 1],
+                    whole.as_mut_ptr(),
+                    n,
+                )
+            };
             for band in [1, 7, 32, 100, 257] {
                 let mut banded = vec![of(0.0); m * n];
                 for (r, o) in banded.chunks_mut(band * n).enumerate() {
                     let rows = o.len() / n;
                     let a0 = r * band * k;
-                    G::gemm(
-                        [rows, k, n],
-                        &a[a0..],
-                        [k as isize, 1],
-                        &b,
-                        [n as isize, 1],
-                        o,
-                    );
+                    // SAFETY: `o` is `[rows, n]` row-major.
+                    unsafe {
+                        G::gemm(
+                            [rows, k, n],
+                            &a[a0..],
+                            [k as isize, 1],
+                            &b,
+                            [n as isize, 1],
+                            o.as_mut_ptr(),
+                            n,
+                        )
+                    };
                 }
                 assert!(banded == whole, "bands of {band} rows");
             }
         }
         check(|v| v as f32);
         check(|v| v);
+    }
+
+    /// Every f32 product entry as the AVX-512 kernel defines it (one fused
+    /// multiply-add chain over `k` from zero), or within rounding of the
+    /// f64 sum where `matrixmultiply` runs; for shapes crossing every block
+    /// edge of the kernel, all four stored transposes, a NaN and an
+    /// infinity among the operands, and an output buffer full of NaN (the
+    /// stale contents of a recycled buffer, which must all be written).
+    fn f32_entries_are_one_fma_chain_over_stale_output() {
+        let mut rng = crate::rng::Rng::new(11);
+        let cases = [
+            ([130, 1100, 70], [false, false]),
+            ([37, 20, 1100], [true, false]),
+            ([250, 33, 45], [false, true]),
+            ([13, 513, 33], [true, true]),
+            ([700, 64, 12], [false, false]),
+            ([5, 0, 40], [false, false]),
+            ([1, 3, 1], [true, true]),
+        ];
+        for ([m, k, n], [ta, tb]) in cases {
+            let mut a: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32).collect();
+            let mut b: Vec<f32> = (0..k * n).map(|_| rng.normal() as f32).collect();
+            if m > 1 && k > 2 {
+                a[k + 1] = f32::NAN; // row 1 of `a`
+                b[n.min(k * n - 1)] = f32::INFINITY; // row 1 of `b`
+            }
+            // Logical `a[i, p]` and `b[p, j]`, and their stored forms.
+            let (ag, bg) = (
+                |i: usize, p: usize| a[i * k + p],
+                |p: usize, j: usize| b[p * n + j],
+            );
+            let stored_a: Vec<f32> = if ta {
+                (0..k * m).map(|x| ag(x % m, x / m)).collect()
+            } else {
+                a.clone()
+            };
+            let stored_b: Vec<f32> = if tb {
+                (0..n * k).map(|x| bg(x % k, x / k)).collect()
+            } else {
+                b.clone()
+            };
+            let shape = |t: bool, r: usize, c: usize| if t { [c, r] } else { [r, c] };
+            let mut out = vec![f32::NAN; m * n];
+            bmm(
+                (&stored_a, &shape(ta, m, k), ta),
+                (&stored_b, &shape(tb, k, n), tb),
+                &[],
+                [m, k, n],
+                &mut out,
+            );
+            let chained = f32_tiles().is_some();
+            for i in 0..m {
+                for j in 0..n {
+                    let got = out[i * n + j];
+                    let fma = (0..k).fold(0f32, |acc, p| ag(i, p).mul_add(bg(p, j), acc));
+                    let wide: f64 = (0..k).map(|p| ag(i, p) as f64 * bg(p, j) as f64).sum();
+                    let scale: f64 = (0..k)
+                        .map(|p| (ag(i, p) as f64 * bg(p, j) as f64).abs())
+                        .sum();
+                    let ok = if got.is_nan() || fma.is_nan() {
+                        got.is_nan() && fma.is_nan()
+                    } else if chained {
+                        got.to_bits() == fma.to_bits()
+                    } else {
+                        got == fma || (got as f64 - wide).abs() <= 1e-5 * scale
+                    };
+                    assert!(
+                        ok,
+                        "[{m}, {k}, {n}] t={ta},{tb} at ({i}, {j}): {got} vs {fma}"
+                    );
+                }
+            }
+        }
     }
 
     fn half_types_widen_and_batches_broadcast() {

@@ -16,14 +16,17 @@
 //! device-level kernel, `bmm`, a batched product with optional transposes
 //! of its operands' last two dims.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 
 use super::elementwise::check_devices;
+use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::layout::{alloc_filled, broadcast_shapes};
+use crate::layout::{broadcast_shapes, checked_numel};
 #[cfg(feature = "cuda")]
 use crate::layout::{broadcast_strides, for_each_offset};
 use crate::op::Op;
@@ -32,12 +35,20 @@ use crate::tensor::{Storage, Tensor};
 
 const OP: &str = "matmul";
 
-/// The CPU kernel on one `[m, k] @ [k, n]` f32 product (probes).
+/// The CPU kernel on one `[m, k] @ [k, n]` f32 product (probes), each
+/// operand stored transposed where its flag in `t` is set.
 #[cfg(feature = "probes")]
-pub(crate) fn kernel(a: &[f32], b: &[f32], out: &mut [f32], [m, k, n]: [usize; 3]) {
+pub(crate) fn kernel(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    [m, k, n]: [usize; 3],
+    [ta, tb]: [bool; 2],
+) {
+    let stored = |t: bool, r: usize, c: usize| if t { [c, r] } else { [r, c] };
     cpu::bmm(
-        (a, &[m, k], false),
-        (b, &[k, n], false),
+        (a, &stored(ta, m, k), ta),
+        (b, &stored(tb, k, n), tb),
         &[],
         [m, k, n],
         out,
@@ -116,8 +127,13 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>, ta: bool, tb: bool) -> Result<T
     match (a.storage(), b.storage()) {
         (Storage::Cpu(xa), Storage::Cpu(xb)) => {
             // `[m, 1] @ [1, n]` is far larger than its operands: allocate
-            // fallibly.
-            let mut out = alloc_filled(OP, &shape, T::ZERO)?;
+            // fallibly. The kernel writes every entry.
+            let len = checked_numel(OP, &shape, std::mem::size_of::<T>())?;
+            let mut out = Buffer::try_take(len).ok_or_else(|| Error::OutOfMemory {
+                op: OP,
+                shape: shape.clone(),
+                bytes: len.saturating_mul(std::mem::size_of::<T>()),
+            })?;
             cpu::bmm(
                 (xa, a.shape(), ta),
                 (xb, b.shape(), tb),
@@ -125,7 +141,7 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>, ta: bool, tb: bool) -> Result<T
                 [m, k, n],
                 &mut out,
             );
-            Tensor::from_vec(shape, out)
+            Tensor::from_buffer(&shape, out)
         }
         #[cfg(feature = "cuda")]
         (Storage::Cuda(xa), Storage::Cuda(xb)) => {

@@ -277,10 +277,11 @@ pub(crate) use profile::Switch;
 #[cfg(any(feature = "selftest", feature = "probes"))]
 pub use profile::{cpu_vendor, set_profile};
 pub use team::run_each;
+pub(crate) use team::run_tasks;
 #[cfg(feature = "probes")]
 pub use team::set_team;
 #[cfg(feature = "selftest")]
-use team::{run_tasks, SPIN, YIELD};
+use team::{SPIN, YIELD};
 pub(crate) use write::should_stream;
 #[cfg_attr(not(feature = "probes"), allow(unused_imports))] // read by `probes`
 pub use write::stream_copy;

@@ -59,14 +59,16 @@ pub const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
 /// of its own, and the streams of a LayerNorm step cross a page every
 /// 4 KiB. Where the kernel refuses (no THP), the pages stay as they are.
 pub fn fresh<T: Element>(n: usize) -> Vec<T> {
-    let bytes = n.saturating_mul(std::mem::size_of::<T>());
-    if !(cfg!(target_os = "linux") && bytes >= HUGE_PAGE_MIN_BYTES) {
-        return vec![T::default(); n];
-    }
-    let mut v: Vec<T> = Vec::with_capacity(n);
+    try_fresh(n).unwrap_or_else(|| vec![T::default(); n])
+}
+
+/// [`fresh`], or `None` where the allocator refuses the memory.
+fn try_fresh<T: Element>(n: usize) -> Option<Vec<T>> {
+    let mut v: Vec<T> = Vec::new();
+    v.try_reserve_exact(n).ok()?;
     advise_unused(&mut v);
     v.resize(n, T::default());
-    v
+    Some(v)
 }
 
 /// Asks for huge pages for the spare capacity of `v` (as [`fresh`]), which
@@ -205,13 +207,18 @@ impl<T: Element> Pool<T> {
     /// A vector of length `n`. Its contents are unspecified (stale values of
     /// a recycled buffer, or zeros): callers overwrite every element.
     pub fn take(&self, n: usize) -> Vec<T> {
+        self.try_take(n).unwrap_or_else(|| fresh(n))
+    }
+
+    /// [`Pool::take`], or `None` where a fresh allocation is refused.
+    fn try_take(&self, n: usize) -> Option<Vec<T>> {
         let t = crate::profile::alloc_start();
         let v = self.take_untimed(n);
         crate::profile::alloc_stop(t);
         v
     }
 
-    fn take_untimed(&self, n: usize) -> Vec<T> {
+    fn take_untimed(&self, n: usize) -> Option<Vec<T>> {
         if n * std::mem::size_of::<T>() >= MIN_POOLED_BYTES && enabled() {
             if let Ok(mut g) = self.free.lock() {
                 g.takes += 1;
@@ -224,11 +231,11 @@ impl<T: Element> Pool<T> {
                 if let Some(i) = g.bufs.iter().rposition(|(v, _)| v.len() == n) {
                     let (v, _) = g.bufs.remove(i);
                     g.bytes -= n * std::mem::size_of::<T>();
-                    return v;
+                    return Some(v);
                 }
             }
         }
-        fresh(n)
+        try_fresh(n)
     }
 
     /// Returns a buffer for reuse (kept only if large and the cache has room).
@@ -328,6 +335,16 @@ impl<T: Element> Buffer<T> {
     /// (contents unspecified: callers overwrite every element).
     pub(crate) fn take(n: usize) -> Self {
         Self::within(take::<T>(n + Self::PAD), n)
+    }
+
+    /// [`Buffer::take`] for an output that may be far larger than any
+    /// tensor in use: `None` where the allocator refuses the memory.
+    pub(crate) fn try_take(n: usize) -> Option<Self> {
+        let v = match pool_of::<T>() {
+            Some(p) => p.try_take(n.checked_add(Self::PAD)?)?,
+            None => try_fresh(n.checked_add(Self::PAD)?)?,
+        };
+        Some(Self::within(v, n))
     }
 
     /// `n` elements of `v` (which holds at least `n + PAD`), from its
