@@ -1,6 +1,6 @@
 //! The f32 matrix product on AVX-512: `b` packed into panels 32 columns
-//! wide, `a` into panels 12 rows tall, and a 12 x 32 tile of `c` held in
-//! 24 registers.
+//! wide, `a` read in place where its rows are contiguous (else packed into
+//! panels 12 rows tall), and a 12 x 32 tile of `c` held in 24 registers.
 //!
 //! Every entry of `c` is one chain of fused multiply-adds over `k` in order,
 //! starting from zero (a block of `k` stores its partial sums in `c`, and
@@ -94,17 +94,35 @@ pub(super) unsafe fn sgemm(
                 unsafe { pack_b([kc, nc], b.offset(off(sb, pc, jc)), sb, pb) };
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
-                    unsafe { pack_a([mc, kc], a.offset(off(sa, ic, pc)), sa, pa) };
+                    let a_blk = unsafe { a.offset(off(sa, ic, pc)) };
+                    // Rows of `a` in place when each is contiguous (a full
+                    // tile reads 12 row streams); otherwise packed.
+                    let in_place = sa[1] == 1;
+                    if !in_place {
+                        unsafe { pack_a([mc, kc], a_blk, sa, pa) };
+                    }
                     for jr in (0..nc).step_by(NR) {
                         let cols = NR.min(nc - jr);
                         let b_tile = unsafe { pb.add(jr * kc) };
                         for ir in (0..mc).step_by(MR) {
                             let rows = MR.min(mc - ir);
-                            let a_tile = unsafe { pa.add(ir * kc) };
                             let c_tile = unsafe { c.add((ic + ir) * ldc + jc + jr) };
-                            unsafe {
-                                tile(kc, a_tile, b_tile, (c_tile, ldc), [rows, cols], pc > 0)
-                            };
+                            let (ct, shape, add) = ((c_tile, ldc), [rows, cols], pc > 0);
+                            if in_place && rows == MR {
+                                let at = unsafe { a_blk.offset(ir as isize * sa[0]) };
+                                let lda = sa[0] as usize;
+                                unsafe { tile::<true>(kc, (at, lda), b_tile, ct, shape, add) };
+                            } else {
+                                let at = if in_place {
+                                    // A short tile would read past `a`'s rows.
+                                    let at = unsafe { a_blk.offset(ir as isize * sa[0]) };
+                                    unsafe { pack_a([rows, kc], at, sa, pa) };
+                                    pa
+                                } else {
+                                    unsafe { pa.add(ir * kc) }
+                                };
+                                unsafe { tile::<false>(kc, (at, MR), b_tile, ct, shape, add) };
+                            }
                         }
                     }
                 }
@@ -212,17 +230,18 @@ fn lanes(n: usize) -> u16 {
     ((1u32 << n.min(16)) - 1) as u16
 }
 
-/// `c[..rows, ..cols] (+)= a @ b` over `kc`: `a` and `b` are packed
-/// `kc x MR` and `kc x NR` panels, `c` is at row stride `ldc`; with `add`,
-/// `c`'s values are the chains' start.
+/// `c[..rows, ..cols] (+)= a @ b` over `kc`: `b` is a packed `kc x NR`
+/// panel; `a` is `MR` rows at row stride `lda`, each contiguous, with
+/// `ROWS`, else a packed `kc x MR` panel (`lda` unused); `c` is at row
+/// stride `ldc`; with `add`, `c`'s values are the chains' start.
 ///
 /// # Safety
-/// AVX-512F is available; `a` and `b` hold their panels; `c`'s
-/// `[rows, cols]` entries are in bounds.
+/// AVX-512F is available; `a` and `b` hold their `MR x kc` and `kc x NR`
+/// entries; `c`'s `[rows, cols]` entries are in bounds.
 #[target_feature(enable = "avx512f")]
-unsafe fn tile(
+unsafe fn tile<const ROWS: bool>(
     kc: usize,
-    a: *const f32,
+    (a, lda): (*const f32, usize),
     b: *const f32,
     (c, ldc): (*mut f32, usize),
     [rows, cols]: [usize; 2],
@@ -243,15 +262,15 @@ unsafe fn tile(
             }
         }
     }
-    let (mut a, mut b) = (a, b);
-    for _ in 0..kc {
+    let mut b = b;
+    for p in 0..kc {
         let (b0, b1) = unsafe { (_mm512_loadu_ps(b), _mm512_loadu_ps(b.add(16))) };
         for r in 0..MR {
-            let x = _mm512_set1_ps(unsafe { *a.add(r) });
+            let at = if ROWS { r * lda + p } else { p * MR + r };
+            let x = _mm512_set1_ps(unsafe { *a.add(at) });
             lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
             hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
         }
-        a = a.wrapping_add(MR);
         b = b.wrapping_add(NR);
     }
     for r in 0..MR {
