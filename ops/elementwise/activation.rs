@@ -4,12 +4,13 @@
 //!
 //! tanh and sigmoid keep their output (their derivatives are functions of
 //! it); relu keeps one bit per element (where the input was positive); gelu
-//! keeps its input.
+//! keeps its input, or (exact form, f32 on the CPU) its slope, computed in
+//! the forward pass beside the output from the same Gaussian tail.
 
-use super::{binary, relu_backward, relu_forward, unary, Binary, ReluMask, Unary};
+use super::{binary, gelu_and_slope, relu_backward, relu_forward, unary, Binary, ReluMask, Unary};
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::op::Op;
+use crate::op::{Op, Saved, SavedItem};
 use crate::tape::{Tape, Var};
 use crate::tensor::Tensor;
 
@@ -94,9 +95,25 @@ struct Gelu {
     tanh: bool,
 }
 
-impl<T: Element> Op<T> for Gelu {
+/// What GELU's backward multiplies the gradient by, or what it is
+/// recomputed from: the same bytes either way.
+enum GeluState<T: Element> {
     /// The input `x` (`s`, or `Phi` and `phi`, are recomputed in backward).
-    type State = Tensor<T>;
+    Input(Tensor<T>),
+    /// `dy/dx` itself, from the forward pass: backward is one product.
+    Slope(Tensor<T>),
+}
+
+impl<T: Element> Saved for GeluState<T> {
+    fn visit(&self, f: &mut dyn FnMut(SavedItem)) {
+        match self {
+            GeluState::Input(t) | GeluState::Slope(t) => t.visit(f),
+        }
+    }
+}
+
+impl<T: Element> Op<T> for Gelu {
+    type State = GeluState<T>;
     fn name(&self) -> &'static str {
         if self.tanh {
             "gelu_tanh"
@@ -104,21 +121,32 @@ impl<T: Element> Op<T> for Gelu {
             "gelu"
         }
     }
-    fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Tensor<T>)> {
-        let k = if self.tanh {
-            Unary::GeluTanh
-        } else {
-            Unary::GeluErf
-        };
-        Ok((unary(k, x[0])?, x[0].clone()))
+    fn forward(&self, x: &[&Tensor<T>]) -> Result<(Tensor<T>, GeluState<T>)> {
+        if self.tanh {
+            return Ok((
+                unary(Unary::GeluTanh, x[0])?,
+                GeluState::Input(x[0].clone()),
+            ));
+        }
+        if let Some(both) = gelu_and_slope(x[0]) {
+            let (y, slope) = both?;
+            return Ok((y, GeluState::Slope(slope)));
+        }
+        Ok((unary(Unary::GeluErf, x[0])?, GeluState::Input(x[0].clone())))
     }
-    fn backward(&self, x: &Tensor<T>, g: &Tensor<T>, _: &[bool]) -> Result<Vec<Option<Tensor<T>>>> {
-        let (name, k) = if self.tanh {
-            ("gelu_tanh", Binary::GeluTanhGrad)
-        } else {
-            ("gelu", Binary::GeluErfGrad)
+    fn backward(
+        &self,
+        state: &GeluState<T>,
+        g: &Tensor<T>,
+        _: &[bool],
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        let name = <Self as Op<T>>::name(self);
+        let dx = match state {
+            GeluState::Slope(slope) => binary(name, Binary::Mul, g, slope)?,
+            GeluState::Input(x) if self.tanh => binary(name, Binary::GeluTanhGrad, g, x)?,
+            GeluState::Input(x) => binary(name, Binary::GeluErfGrad, g, x)?,
         };
-        Ok(vec![Some(binary(name, k, g, x)?)])
+        Ok(vec![Some(dx)])
     }
 }
 

@@ -172,6 +172,29 @@ pub(crate) fn unary<T: Element>(k: Unary, x: &[T]) -> Buffer<T> {
     out
 }
 
+/// The exact GELU of `x` and its slope, in one pass through one Gaussian
+/// tail per value (`vmath::gelu_erf_and_slope`: the bits of the two
+/// separate kernels), for an f32 accumulation type.
+pub(crate) fn gelu_and_slope<T: Element>(x: &[T]) -> (Buffer<T>, Buffer<T>) {
+    let (mut y, mut z) = (Buffer::take(x.len()), Buffer::take(x.len()));
+    let jobs: Vec<(usize, &mut [T], &mut [T])> = y
+        .chunks_mut(CHUNK)
+        .zip(z.chunks_mut(CHUNK))
+        .enumerate()
+        .map(|(t, (a, b))| (t * CHUNK, a, b))
+        .collect();
+    let run = |(s, y, z): (usize, &mut [T], &mut [T])| {
+        let x = &x[s..s + y.len()];
+        dispatch(vmath::GeluRow { x, y, z })
+    };
+    if jobs.len() > 1 {
+        run_each(jobs, run);
+    } else {
+        jobs.into_iter().for_each(run);
+    }
+    (y, z)
+}
+
 /// `k` applied to `x` (of shape `xs`) broadcast to `out`. The caller has
 /// checked that `xs` broadcasts to `out`; `dst` holds `out`'s elements.
 pub(crate) fn unary_broadcast<T: Element>(

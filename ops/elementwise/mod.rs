@@ -18,6 +18,7 @@ pub use activation::*;
 pub use arith::*;
 pub use pointwise::*;
 
+use crate::device::cpu::is_f32;
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -97,6 +98,21 @@ pub(crate) fn unary<T: Element>(k: Unary, x: &Tensor<T>) -> Result<Tensor<T>> {
         #[cfg(feature = "cuda")]
         Storage::Cuda(xs) => cuda::unary(k, xs, x.shape(), x.shape()),
     }
+}
+
+/// The exact GELU of `x` and its slope `Phi(x) + x phi(x)`, in one pass,
+/// where `x` is an f32 tensor on the CPU; `None` elsewhere.
+pub(crate) fn gelu_and_slope<T: Element>(x: &Tensor<T>) -> Option<Result<(Tensor<T>, Tensor<T>)>> {
+    let Storage::Cpu(xs) = x.storage() else {
+        return None;
+    };
+    if !is_f32::<T>() {
+        return None;
+    }
+    let (y, z) = cpu::gelu_and_slope(xs);
+    Some(
+        Tensor::from_buffer(x.shape(), y).and_then(|y| Ok((y, Tensor::from_buffer(x.shape(), z)?))),
+    )
 }
 
 /// `k` applied to `x` broadcast to `shape` (NumPy rules; `x` must

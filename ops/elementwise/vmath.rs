@@ -278,12 +278,7 @@ fn gauss_tail(a: f32) -> (f32, f32, f32, i32) {
 /// positive. `gelu(-inf) = -0`, `gelu(inf) = inf`, NaN stays NaN.
 #[inline(always)]
 pub(crate) fn gelu_erf(x: f32) -> f32 {
-    let a = x.abs();
-    let core = x * (0.5 + x * horner(&GELU_CORE, x * x));
-    let (_, rest, _, n) = gauss_tail(a);
-    let tail = scale(rest, n);
-    let far = sel(x < 0.0, -tail, x - tail);
-    sel(a < GELU_SPLIT, core, far)
+    gelu_of(x, gauss_tail(x.abs()))
 }
 
 /// GELU's slope `Phi(x) + x phi(x)`: below `|x| = 1/2`, `1/2 + x P(x^2)`;
@@ -292,9 +287,31 @@ pub(crate) fn gelu_erf(x: f32) -> f32 {
 /// G` for positive. 0 at -inf (as -0), 1 at +inf, NaN stays NaN.
 #[inline(always)]
 pub(crate) fn gelu_erf_slope(x: f32) -> f32 {
+    slope_of(x, gauss_tail(x.abs()))
+}
+
+/// [`gelu_erf`] and [`gelu_erf_slope`] of one value, the same bits as the
+/// two, through one Gaussian tail.
+#[inline(always)]
+pub(crate) fn gelu_erf_and_slope(x: f32) -> (f32, f32) {
+    let tail = gauss_tail(x.abs());
+    (gelu_of(x, tail), slope_of(x, tail))
+}
+
+/// [`gelu_erf`] given `gauss_tail(|x|)`.
+#[inline(always)]
+fn gelu_of(x: f32, (_, rest, _, n): (f32, f32, f32, i32)) -> f32 {
+    let core = x * (0.5 + x * horner(&GELU_CORE, x * x));
+    let tail = scale(rest, n);
+    let far = sel(x < 0.0, -tail, x - tail);
+    sel(x.abs() < GELU_SPLIT, core, far)
+}
+
+/// [`gelu_erf_slope`] given `gauss_tail(|x|)`.
+#[inline(always)]
+fn slope_of(x: f32, (s, _, w, n): (f32, f32, f32, i32)) -> f32 {
     let a = x.abs();
     let core = 0.5 + x * horner(&SLOPE_CORE, x * x);
-    let (s, _, w, n) = gauss_tail(a);
     let ac = sel(a > GELU_CLAMP, GELU_CLAMP, a);
     let g = ac * INV_SQRT_2PI - s / ac;
     let eg = scale(g + g * w, n);
@@ -379,6 +396,42 @@ impl<T: Element, F: Fn(f32, f32) -> f32> Kernel<T> for ZipRow<'_, T, F> {
             }
             for (o, &v) in yc.iter_mut().zip(&yb) {
                 *o = from_f32(v);
+            }
+        }
+    }
+}
+
+/// `(y[i], z[i]) = (gelu(x[i]), gelu'(x[i]))` ([`gelu_erf_and_slope`])
+/// over one contiguous piece. (The function is named, not a parameter:
+/// passed in, its call was not inlined and the loop stayed scalar.)
+pub(crate) struct GeluRow<'a, T> {
+    pub x: &'a [T],
+    pub y: &'a mut [T],
+    pub z: &'a mut [T],
+}
+
+impl<T: Element> Kernel<T> for GeluRow<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: Lanes<T>>(self) {
+        let GeluRow { x, y, z } = self;
+        let mut xb = [0f32; BLOCK];
+        for ((xc, yc), zc) in x
+            .chunks(BLOCK)
+            .zip(y.chunks_mut(BLOCK))
+            .zip(z.chunks_mut(BLOCK))
+        {
+            for (b, &e) in xb.iter_mut().zip(xc) {
+                *b = to_f32(e);
+            }
+            // Counted loops over a block, as in `MapRow`.
+            let (mut yb, mut zb) = ([0f32; BLOCK], [0f32; BLOCK]);
+            for i in 0..BLOCK {
+                (yb[i], zb[i]) = gelu_erf_and_slope(xb[i]);
+            }
+            for ((o, p), (&u, &v)) in yc.iter_mut().zip(zc.iter_mut()).zip(yb.iter().zip(&zb)) {
+                *o = from_f32(u);
+                *p = from_f32(v);
             }
         }
     }

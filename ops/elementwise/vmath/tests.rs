@@ -225,6 +225,19 @@ fn every_build_gives_the_scalar_bits() {
                 );
             }
         }
+        // The forward pass that keeps GELU's slope: both kernels' bits.
+        let (y, z) = crate::ops::elementwise::cpu::gelu_and_slope(&x);
+        for ((&xi, &yi), &zi) in x.iter().zip(y.iter()).zip(z.iter()) {
+            for (name, got, want) in [
+                ("gelu", yi, gelu_erf(xi)),
+                ("slope", zi, gelu_erf_slope(xi)),
+            ] {
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "{name} of gelu_and_slope ({limit}) at {xi:e}: {got:e} vs {want:e}"
+                );
+            }
+        }
     }
     set_simd_limit(Simd::Avx512);
 }
