@@ -855,7 +855,8 @@ fn saved_state_is_what_backward_needs() {
         ("sigmoid keeps y", ops::sigmoid(&x).unwrap(), 128),
         ("log keeps x", ops::log(&x).unwrap(), 0),
         ("powi keeps x", ops::powi(&x, 3).unwrap(), 0),
-        ("gelu keeps x", ops::gelu(&x).unwrap(), 0),
+        // f32 on the CPU: the slope, from the forward pass, in place of x.
+        ("gelu keeps its slope", ops::gelu(&x).unwrap(), 128),
         ("gelu_tanh keeps x", ops::gelu_tanh(&x).unwrap(), 0),
         ("relu keeps 1 bit each", ops::relu(&x).unwrap(), 4),
         ("neg", ops::neg(&x).unwrap(), 0),
