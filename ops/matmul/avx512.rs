@@ -137,7 +137,8 @@ pub(super) unsafe fn sgemm(
 ///
 /// # Safety
 /// `a`'s `[mc, kc]` entries are in bounds; `out` holds
-/// `mc.div_ceil(MR) * MR * kc` floats.
+/// `mc.div_ceil(MR) * MR * kc` floats; AVX-512F is available.
+#[target_feature(enable = "avx512f")]
 unsafe fn pack_a([mc, kc]: [usize; 2], a: *const f32, sa: [isize; 2], out: *mut f32) {
     for i0 in (0..mc).step_by(MR) {
         let rows = MR.min(mc - i0);
@@ -173,7 +174,8 @@ unsafe fn pack_a([mc, kc]: [usize; 2], a: *const f32, sa: [isize; 2], out: *mut 
 ///
 /// # Safety
 /// `b`'s `[kc, nc]` entries are in bounds; `out` holds
-/// `nc.div_ceil(NR) * NR * kc` floats.
+/// `nc.div_ceil(NR) * NR * kc` floats; AVX-512F is available.
+#[target_feature(enable = "avx512f")]
 unsafe fn pack_b([kc, nc]: [usize; 2], b: *const f32, sb: [isize; 2], out: *mut f32) {
     for j0 in (0..nc).step_by(NR) {
         let cols = NR.min(nc - j0);
