@@ -2,10 +2,34 @@
 //! rows (cross-entropy), accumulating in `T::Acc` in element order.
 
 use super::bad_target;
+use crate::device::cpu::is_f32;
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::ops::softmax::cpu::lane_stats;
+use crate::ops::elementwise::vmath;
 use num_traits::{Float, One, Zero};
+
+/// `y[j] = e^(x[j])`: in f32 through `vmath`'s vectorized kernel (2 ulp),
+/// in f64 through the C library's.
+fn exp_row<A: Element + Float>(x: &[A], y: &mut [A]) {
+    if is_f32::<A>() {
+        vmath::map_row(vmath::exp, x, y);
+    } else {
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = v.exp();
+        }
+    }
+}
+
+/// `e^(row[j] - m - ls)` for every `j` into `p`, through `t` (scratch).
+fn shifted_exp<T: Element>(row: &[T], (m, ls): (T::Acc, T::Acc), t: &mut [T::Acc], p: &mut [T::Acc])
+where
+    T::Acc: Element,
+{
+    for (o, &v) in t.iter_mut().zip(row) {
+        *o = (v.to_acc() - m) - ls;
+    }
+    exp_row(t, p);
+}
 
 /// Per row of the logits the max `m` and `ln s`, `s = sum_j exp(x_j - m)`.
 pub(crate) struct RowStats<A> {
@@ -56,21 +80,22 @@ pub(crate) fn cross_entropy<T: Element>(
     let mut log_sum = vec![T::Acc::zero(); n];
     let mut total = T::Acc::zero();
     if c > 0 {
-        for (r, ((row, &t), (m, ls))) in xs
+        let zero = T::Acc::zero();
+        // A row's scratch (no larger than the logits: `[0, huge]` has none).
+        let w = c.min(xs.len());
+        let (mut t, mut p) = (vec![zero; w], vec![zero; w]);
+        for (r, ((row, &tr), (m, ls))) in xs
             .chunks_exact(c)
             .zip(targets)
             .zip(max.iter_mut().zip(log_sum.iter_mut()))
             .enumerate()
         {
-            lane_stats::<T>(
-                row,
-                1,
-                std::slice::from_mut(m),
-                std::slice::from_mut(ls),
-                None,
-            );
-            *ls = ls.ln();
-            let xt = row.get(t).ok_or_else(|| bad_target(shape, r, t))?;
+            *m = row
+                .iter()
+                .fold(T::Acc::neg_infinity(), |a, &v| a.max(v.to_acc()));
+            shifted_exp(row, (*m, zero), &mut t, &mut p);
+            *ls = p.iter().fold(zero, |a, &e| a + e).ln();
+            let xt = row.get(tr).ok_or_else(|| bad_target(shape, r, tr))?;
             total += (*m - xt.to_acc()) + *ls;
         }
     }
@@ -91,6 +116,9 @@ pub(crate) fn cross_entropy_grad<T: Element>(
     let k = g / acc_of::<T>(targets.len());
     let mut out = vec![T::ZERO; xs.len()];
     if c > 0 {
+        let zero = T::Acc::zero();
+        let w = c.min(xs.len());
+        let (mut tmp, mut p) = (vec![zero; w], vec![zero; w]);
         for ((((orow, row), &t), &m), &ls) in out
             .chunks_exact_mut(c)
             .zip(xs.chunks_exact(c))
@@ -98,8 +126,8 @@ pub(crate) fn cross_entropy_grad<T: Element>(
             .zip(max.iter())
             .zip(log_sum.iter())
         {
-            for (j, (dx, &v)) in orow.iter_mut().zip(row).enumerate() {
-                let p = ((v.to_acc() - m) - ls).exp();
+            shifted_exp(row, (m, ls), &mut tmp, &mut p);
+            for (j, (dx, &p)) in orow.iter_mut().zip(&p).enumerate() {
                 let onehot = if j == t {
                     T::Acc::one()
                 } else {
