@@ -109,8 +109,8 @@ pub const MIN_POOLED_BYTES: usize = 64 << 10;
 /// Upper bound on the bytes the cache keeps alive.
 pub const MAX_CACHED_BYTES: usize = 1 << 30;
 /// At most this many buffers are kept per element type: enough for every
-/// large tensor of a training step (the default transformer's holds about
-/// 400 at once), so the next step finds each of them here.
+/// large tensor of a training step, so the next step finds each of them
+/// here (docs/performance.md, "Training step").
 pub const MAX_BUFFERS: usize = 512;
 /// Buffers under `1 / SMALL_PART` of the cache's limit (64 MiB by default)
 /// are evicted first, the oldest of them first; then the oldest of the
