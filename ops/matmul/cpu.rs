@@ -26,7 +26,26 @@ trait Gemm: Copy + Send + Sync + 'static {
     /// Bands of rows and columns this type's kernel is split into, as
     /// multiples of `(rows, columns)`; `None` for a kernel split by rows
     /// only (whose entries may depend on the columns a call computes).
-    fn tiles() -> Option<(usize, usize)>;
+    fn tiles() -> Option<(usize, usize)> {
+        None
+    }
+
+    /// [`Gemm::gemm`] through this project's kernel where this CPU has one
+    /// for the type: whether it ran (else `matrixmultiply` runs).
+    ///
+    /// # Safety
+    /// As [`Gemm::gemm`], with the operands' spans checked.
+    unsafe fn own_kernel(
+        _mkn: [usize; 3],
+        _a: &[Self],
+        _sa: [isize; 2],
+        _b: &[Self],
+        _sb: [isize; 2],
+        _c: *mut Self,
+        _ldc: usize,
+    ) -> bool {
+        false
+    }
 
     /// `c = a @ b` (`c` overwritten) for strided `a: [m, k]`, `b: [k, n]`
     /// with `(row, column)` strides, and `c: [m, n]` at row stride `ldc`
@@ -61,12 +80,12 @@ fn check_span<T>(s: &[T], [r, c]: [usize; 2], st: [isize; 2]) {
     );
 }
 
+/// `Gemm` for a type `matrixmultiply` has `$f` for, with the type's own
+/// items (`tiles`, `own_kernel`) where it has them.
 macro_rules! gemm_impl {
-    ($t:ty, $f:ident, $tiles:expr, $fast:expr) => {
+    ($t:ty, $f:ident $(, $own:item)*) => {
         impl Gemm for $t {
-            fn tiles() -> Option<(usize, usize)> {
-                $tiles
-            }
+            $($own)*
 
             unsafe fn gemm(
                 [m, k, n]: [usize; 3],
@@ -79,12 +98,11 @@ macro_rules! gemm_impl {
             ) {
                 check_span(a, [m, k], sa);
                 check_span(b, [k, n], sb);
-                #[allow(clippy::redundant_closure_call)]
-                if ($fast)([m, k, n], a, sa, b, sb, c, ldc) {
+                // SAFETY (both): every index the kernel forms lies within
+                // the spans just checked and the caller's bounds for `c`.
+                if unsafe { Self::own_kernel([m, k, n], a, sa, b, sb, c, ldc) } {
                     return;
                 }
-                // SAFETY: every index the kernel forms lies within the spans
-                // just checked and the caller's bounds for `c`.
                 unsafe {
                     matrixmultiply::$f(
                         m,
@@ -108,31 +126,36 @@ macro_rules! gemm_impl {
     };
 }
 
-/// The f32 kernel of `avx512.rs`, where the CPU has it: whether it ran.
-#[allow(clippy::type_complexity)]
-const F32_FAST: fn([usize; 3], &[f32], [isize; 2], &[f32], [isize; 2], *mut f32, usize) -> bool =
-    |mkn, a, sa, b, sb, c, ldc| {
+gemm_impl!(
+    f32,
+    sgemm,
+    fn tiles() -> Option<(usize, usize)> {
         #[cfg(target_arch = "x86_64")]
         if avx512::available() {
-            // SAFETY: the operands' spans were checked by `gemm`, `c`'s bounds
-            // are its caller's contract, and the CPU has AVX-512F.
+            return Some((avx512::MR, avx512::NR));
+        }
+        None
+    },
+    unsafe fn own_kernel(
+        mkn: [usize; 3],
+        a: &[f32],
+        sa: [isize; 2],
+        b: &[f32],
+        sb: [isize; 2],
+        c: *mut f32,
+        ldc: usize,
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            // SAFETY: the caller's contract, and the CPU has AVX-512F.
             unsafe { avx512::sgemm(mkn, a.as_ptr(), sa, b.as_ptr(), sb, c, ldc) };
             return true;
         }
         let _ = (mkn, a, sa, b, sb, c, ldc);
         false
-    };
-
-fn f32_tiles() -> Option<(usize, usize)> {
-    #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        return Some((avx512::MR, avx512::NR));
     }
-    None
-}
-
-gemm_impl!(f32, sgemm, f32_tiles(), F32_FAST);
-gemm_impl!(f64, dgemm, None, |_, _, _, _, _, _, _| false);
+);
+gemm_impl!(f64, dgemm);
 
 /// `s` as a slice of `U` when `T` is `U`.
 fn same<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
@@ -449,7 +472,7 @@ pub(crate) mod tests {
                 [m, k, n],
                 &mut out,
             );
-            let chained = f32_tiles().is_some();
+            let chained = <f32 as Gemm>::tiles().is_some();
             for i in 0..m {
                 for j in 0..n {
                     let got = out[i * n + j];
