@@ -32,6 +32,7 @@ fn all() -> Vec<(&'static str, fn())> {
         layout::tests::TESTS,
         nn::clip::tests::TESTS,
         nn::schedule::tests::TESTS,
+        ops::attention::tests::TESTS,
         ops::elementwise::cpu::tests::TESTS,
         ops::elementwise::vmath::tests::TESTS,
         ops::matmul::cpu::tests::TESTS,

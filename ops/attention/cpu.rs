@@ -157,7 +157,7 @@ impl<T> Shared<T> {
 
     /// `len` elements from `off`, which the caller's task alone writes.
     #[allow(clippy::mut_from_ref)]
-    fn row(&self, off: usize, len: usize) -> &mut [T] {
+    pub(super) fn row(&self, off: usize, len: usize) -> &mut [T] {
         assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
         // SAFETY: in bounds (just checked); exclusive because each task
         // asks only for its own head's rows (the type's invariant).
@@ -191,7 +191,7 @@ fn gather_out<T: Element>(g: &Geometry, src: &[T], bh: usize) -> Vec<Acc<T>> {
 
 /// Runs `f(bh)` for every (batch, head), in parallel when the work is
 /// large enough, and returns the results in order.
-fn per_head<O: Send>(g: &Geometry, f: impl Fn(usize) -> O + Sync + Send) -> Vec<O> {
+pub(super) fn per_head<O: Send>(g: &Geometry, f: impl Fn(usize) -> O + Sync + Send) -> Vec<O> {
     let heads: Vec<usize> = (0..g.batch * g.heads).collect();
     let macs = g.batch * g.heads * g.t * g.t * g.d.max(1);
     if macs < PAR_MIN_MACS {
@@ -221,6 +221,13 @@ fn scores<A: Accum>(
     );
 }
 
+/// Whether `T` runs on the AVX-512 kernels (`avx512.rs`): f32
+/// accumulation on a CPU that has them.
+#[cfg(target_arch = "x86_64")]
+fn wide<T: Element>() -> bool {
+    TypeId::of::<Acc<T>>() == TypeId::of::<f32>() && super::avx512::available()
+}
+
 /// The number of keys row `i` sees.
 fn seen(causal: bool, t: usize, i: usize) -> usize {
     if causal {
@@ -242,6 +249,10 @@ pub(crate) fn forward<T: Element>(
     out: &mut [T],
     lse: &mut [Acc<T>],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if wide::<T>() {
+        return super::avx512::forward(g, srcs, scale, causal, out, lse);
+    }
     let (t, d) = (g.t, g.d);
     let scale = <Acc<T> as Accum>::of(scale);
     let tile = ROW_TILE;
@@ -328,6 +339,10 @@ pub(crate) fn backward<T: Element>(
     causal: bool,
     grads: [&Shared<T>; 3],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if wide::<T>() {
+        return super::avx512::backward(g, srcs, out, dout, lse, scale, causal, grads);
+    }
     let (t, d) = (g.t, g.d);
     let scale = <Acc<T> as Accum>::of(scale);
     let tile = ROW_TILE;

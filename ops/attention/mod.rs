@@ -65,11 +65,16 @@
 //! T` values in `T::Acc` (f32 for f16/bf16, which are widened on load and
 //! rounded once on store).
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::KERNELS;
+#[cfg(feature = "selftest")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests;
 pub(crate) mod twin;
 
 use crate::device::pool::Buffer;

@@ -696,20 +696,19 @@ fn attention_with_no_positions_or_no_head_dim_is_empty() {
     }
 }
 
-#[test]
-fn attention_nan_reaches_exactly_the_rows_that_see_it() {
-    let (t, d) = (40, 4);
+/// A NaN put in `q`, `k` or `v` at position `j` of one `[t, d]` head.
+fn attention_nan_rows<T: Element>(t: usize, d: usize, js: &[usize]) {
     let mut rng = Rng::new(8);
     for which in 0..3 {
-        for j in [0, 17, 39] {
-            let tape = Tape::<f64>::new();
-            let mut xs: Vec<Tensor<f64>> = (0..3)
+        for &j in js {
+            let tape = Tape::<T>::new();
+            let mut xs: Vec<Tensor<T>> = (0..3)
                 .map(|_| attn_input(&mut rng, &[1, 1, t, d]))
                 .collect();
             let mut data = xs[which].to_vec().unwrap();
-            data[j * d + 1] = f64::NAN;
+            data[j * d + 1] = T::from_f64(f64::NAN);
             xs[which] = Tensor::from_vec(vec![1, 1, t, d], data).unwrap();
-            let vs: Vec<Var<f64>> = xs.iter().map(|x| tape.var(x.clone())).collect();
+            let vs: Vec<Var<T>> = xs.iter().map(|x| tape.var(x.clone())).collect();
             let yv = ops::attention(&vs[0], &vs[1], &vs[2], true, 0.5).unwrap();
             let y = vals(&yv);
             // dq of the rows before j never sees the NaN either (dk and dv
@@ -739,6 +738,14 @@ fn attention_nan_reaches_exactly_the_rows_that_see_it() {
             }
         }
     }
+}
+
+#[test]
+fn attention_nan_reaches_exactly_the_rows_that_see_it() {
+    attention_nan_rows::<f64>(40, 4, &[0, 17, 39]);
+    // f32 runs its own kernels: T past one row tile (64), d past one
+    // register (16 lanes).
+    attention_nan_rows::<f32>(70, 20, &[0, 17, 63, 64, 69]);
 }
 
 #[test]
@@ -844,5 +851,21 @@ proptest::proptest! {
     ) {
         let diff = attention_vs_composed::<f64>([b, h, t, d], causal, packed, seed);
         proptest::prop_assert!(diff < 1e-11, "{:?} causal {} packed {}: {:e}", [b, h, t, d], causal, packed, diff);
+    }
+
+    /// The same in f32 (its own kernels where the CPU has AVX-512), over T
+    /// past two row tiles and head_dim past two 16-lane registers.
+    #[test]
+    fn attention_property_fused_matches_composed_f32(
+        b in 1usize..3,
+        h in 1usize..3,
+        t in 0usize..150,
+        d in 1usize..40,
+        causal: bool,
+        packed: bool,
+        seed in 0u64..1000,
+    ) {
+        let diff = attention_vs_composed::<f32>([b, h, t, d], causal, packed, seed);
+        proptest::prop_assert!(diff < 2e-5, "{:?} causal {} packed {}: {:e}", [b, h, t, d], causal, packed, diff);
     }
 }
