@@ -18,6 +18,7 @@ use super::cpu::{per_head, Shared};
 use super::Geometry;
 use crate::dtype::{Accum, Element};
 use crate::ops::elementwise::vmath;
+use std::any::TypeId;
 use std::arch::x86_64::{
     __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_loadu_ps,
     _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_mul_ps,
@@ -510,6 +511,18 @@ fn gather<T: Element>(
     dst: &mut [f32],
     transpose: bool,
 ) {
+    if transpose && TypeId::of::<T>() == TypeId::of::<f32>() && t > 0 && d > 0 {
+        let (base, stride) = rows;
+        // Rows `< t` of `d` values from `base` lie in `src`; `[d, t]` in `dst`.
+        assert!(src.len() >= base + (t - 1) * stride + d && dst.len() >= t * d);
+        // SAFETY: `T` is f32 (the cast is an identity); in bounds by the
+        // check above; AVX-512F is available (the caller's `available`).
+        unsafe {
+            let from = src.as_ptr().add(base).cast::<f32>();
+            crate::device::cpu::transpose::transpose(from, stride, [t, d], dst.as_mut_ptr(), t);
+        }
+        return;
+    }
     for i in 0..t {
         let row = row_of(src, rows, i, d);
         if transpose {

@@ -8,6 +8,7 @@
 //! part of `c` a call computes: any split of `c` among threads gives the
 //! same bits.
 
+use crate::device::cpu::transpose::transpose;
 use std::arch::x86_64::{
     __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
     _mm512_set1_ps, _mm512_setzero_ps,
@@ -151,6 +152,10 @@ unsafe fn pack_a([mc, kc]: [usize; 2], a: *const f32, sa: [isize; 2], out: *mut 
                     let src = a.offset(i0 as isize + p as isize * sa[1]);
                     copy::<MR>(src, dst.add(p * MR), rows);
                 }
+            } else if sa[1] == 1 {
+                // A row's columns are adjacent: transposed in registers.
+                let src = a.offset(i0 as isize * sa[0]);
+                transpose(src, sa[0] as usize, [rows, kc], dst, MR);
             } else {
                 for r in 0..rows {
                     let src = a.offset((i0 + r) as isize * sa[0]);
@@ -186,6 +191,14 @@ unsafe fn pack_b([kc, nc]: [usize; 2], b: *const f32, sb: [isize; 2], out: *mut 
                 for p in 0..kc {
                     let src = b.offset(p as isize * sb[0] + j0 as isize);
                     copy::<NR>(src, dst.add(p * NR), cols);
+                }
+            } else if sb[0] == 1 {
+                // A column's rows are adjacent: transposed in registers,
+                // 16 columns at a time.
+                for j in (0..cols).step_by(16) {
+                    let src = b.offset((j0 + j) as isize * sb[1]);
+                    let shape = [16.min(cols - j), kc];
+                    transpose(src, sb[1] as usize, shape, dst.add(j), NR);
                 }
             } else {
                 // Transposing: 16 rows at a time, so the rows written

@@ -254,6 +254,8 @@ mod team;
 #[cfg(feature = "selftest")]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 pub(crate) mod tests;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod transpose;
 mod write;
 
 /// Held by the tests that flip [`set_simd_limit`], the narrow lanes or

@@ -22,6 +22,7 @@ unit_tests![
     launches_from_several_threads_each_run_their_tasks_once,
     a_panicking_task_panics_the_launch_and_the_team_goes_on,
     a_launch_from_inside_a_task_runs_in_place_and_finishes,
+    transpose_moves_every_entry_and_nothing_else,
 ];
 
 fn chunks_depend_on_row_length_only() {
@@ -319,4 +320,34 @@ fn a_launch_from_inside_a_task_runs_in_place_and_finishes() {
     });
     let done = rx.recv_timeout(std::time::Duration::from_secs(60));
     assert_eq!(done, Ok(true), "nested launches hung or lost tasks");
+}
+
+/// Every shape up to 16 x 16 and past it, at padded strides: each entry
+/// lands at its transposed place and the padding around it is untouched.
+fn transpose_moves_every_entry_and_nothing_else() {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        return;
+    }
+    for (rows, cols) in (0..=16)
+        .flat_map(|r| (0..=16).map(move |c| (r, c)))
+        .chain([(37, 21), (16, 48)])
+    {
+        let (lds, ldd) = (cols + 3, rows + 5);
+        let src: Vec<f32> = (0..rows * lds).map(|i| i as f32).collect();
+        let mut dst = vec![f32::NAN; cols.max(1) * ldd];
+        // SAFETY: AVX-512F checked above; both buffers hold the shape.
+        unsafe {
+            super::transpose::transpose(src.as_ptr(), lds, [rows, cols], dst.as_mut_ptr(), ldd)
+        };
+        for c in 0..cols.max(1) {
+            for r in 0..ldd {
+                let got = dst[c * ldd + r];
+                if r < rows && c < cols {
+                    assert_eq!(got, src[r * lds + c], "{rows} x {cols} at ({r}, {c})");
+                } else {
+                    assert!(got.is_nan(), "{rows} x {cols}: wrote padding at ({c}, {r})");
+                }
+            }
+        }
+    }
 }
