@@ -10,8 +10,8 @@
 
 use crate::device::cpu::transpose::transpose;
 use std::arch::x86_64::{
-    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
-    _mm512_set1_ps, _mm512_setzero_ps,
+    __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps,
+    _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
 use std::cell::RefCell;
 
@@ -54,18 +54,22 @@ fn _mm512_setzero_ps_safe() -> __m512 {
 
 /// `c = a @ b` (`c` overwritten) for `a: [m, k]` and `b: [k, n]` read at
 /// `(row, column)` strides `sa` and `sb`, and `c: [m, n]` at row stride
-/// `ldc` (columns adjacent).
+/// `ldc` (columns adjacent); then, unless `bias` is null, `bias[j]` added
+/// to every row's entry `j` (to the finished chain, in registers).
 ///
 /// # Safety
 /// [`available`] is true; every `a[i * sa[0] + p * sa[1]]`,
-/// `b[p * sb[0] + j * sb[1]]` and `c[i * ldc + j]` for `i < m, p < k,
-/// j < n` is in bounds, and no other thread touches that part of `c`.
+/// `b[p * sb[0] + j * sb[1]]`, `c[i * ldc + j]` and `bias[j]` (when not
+/// null) for `i < m, p < k, j < n` is in bounds, and no other thread
+/// touches that part of `c`.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn sgemm(
     [m, k, n]: [usize; 3],
     a: *const f32,
     sa: [isize; 2],
     b: *const f32,
     sb: [isize; 2],
+    bias: *const f32,
     c: *mut f32,
     ldc: usize,
 ) {
@@ -74,8 +78,18 @@ pub(super) unsafe fn sgemm(
     }
     if k == 0 {
         for i in 0..m {
-            // SAFETY: row `i` of `c` is in bounds (the caller's contract).
-            unsafe { std::ptr::write_bytes(c.add(i * ldc), 0, n) };
+            // SAFETY: row `i` of `c` and `bias` are in bounds (the caller's
+            // contract).
+            unsafe {
+                let row = std::slice::from_raw_parts_mut(c.add(i * ldc), n);
+                for (j, y) in row.iter_mut().enumerate() {
+                    *y = if bias.is_null() {
+                        0.0
+                    } else {
+                        0.0 + *bias.add(j)
+                    };
+                }
+            }
         }
         return;
     }
@@ -109,10 +123,18 @@ pub(super) unsafe fn sgemm(
                             let rows = MR.min(mc - ir);
                             let c_tile = unsafe { c.add((ic + ir) * ldc + jc + jr) };
                             let (ct, shape, add) = ((c_tile, ldc), [rows, cols], pc > 0);
+                            // The bias goes on after the chain's last block.
+                            let bias = if pc + kc == k && !bias.is_null() {
+                                unsafe { bias.add(jc + jr) }
+                            } else {
+                                std::ptr::null()
+                            };
                             if in_place && rows == MR {
                                 let at = unsafe { a_blk.offset(ir as isize * sa[0]) };
                                 let lda = sa[0] as usize;
-                                unsafe { tile::<true>(kc, (at, lda), b_tile, ct, shape, add) };
+                                unsafe {
+                                    tile::<true>(kc, (at, lda), b_tile, ct, shape, add, bias)
+                                };
                             } else {
                                 let at = if in_place {
                                     // A short tile would read past `a`'s rows.
@@ -122,7 +144,9 @@ pub(super) unsafe fn sgemm(
                                 } else {
                                     unsafe { pa.add(ir * kc) }
                                 };
-                                unsafe { tile::<false>(kc, (at, MR), b_tile, ct, shape, add) };
+                                unsafe {
+                                    tile::<false>(kc, (at, MR), b_tile, ct, shape, add, bias)
+                                };
                             }
                         }
                     }
@@ -261,6 +285,7 @@ unsafe fn tile<const ROWS: bool>(
     (c, ldc): (*mut f32, usize),
     [rows, cols]: [usize; 2],
     add: bool,
+    bias: *const f32,
 ) {
     let (m0, m1) = (lanes(cols), lanes(cols.saturating_sub(16)));
     let mut lo = [_mm512_setzero_ps(); MR];
@@ -287,6 +312,19 @@ unsafe fn tile<const ROWS: bool>(
             hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
         }
         b = b.wrapping_add(NR);
+    }
+    if !bias.is_null() {
+        // SAFETY: `cols` entries of `bias` are in bounds; the rest masked.
+        let (v0, v1) = unsafe {
+            (
+                _mm512_maskz_loadu_ps(m0, bias),
+                _mm512_maskz_loadu_ps(m1, bias.add(16)),
+            )
+        };
+        for r in 0..MR {
+            lo[r] = _mm512_add_ps(lo[r], v0);
+            hi[r] = _mm512_add_ps(hi[r], v1);
+        }
     }
     for r in 0..MR {
         if r < rows {

@@ -35,12 +35,14 @@ trait Gemm: Copy + Send + Sync + 'static {
     ///
     /// # Safety
     /// As [`Gemm::gemm`], with the operands' spans checked.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn own_kernel(
         _mkn: [usize; 3],
         _a: &[Self],
         _sa: [isize; 2],
         _b: &[Self],
         _sb: [isize; 2],
+        _bias: Option<&[Self]>,
         _c: *mut Self,
         _ldc: usize,
     ) -> bool {
@@ -49,17 +51,20 @@ trait Gemm: Copy + Send + Sync + 'static {
 
     /// `c = a @ b` (`c` overwritten) for strided `a: [m, k]`, `b: [k, n]`
     /// with `(row, column)` strides, and `c: [m, n]` at row stride `ldc`
-    /// with its columns adjacent.
+    /// with its columns adjacent; then `bias[j]` (`n` values) added to
+    /// every row's entry `j`, when given.
     ///
     /// # Safety
     /// `c[i * ldc + j]` for `i < m, j < n` is in bounds, and no other
     /// thread touches it during the call.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
         mkn: [usize; 3],
         a: &[Self],
         sa: [isize; 2],
         b: &[Self],
         sb: [isize; 2],
+        bias: Option<&[Self]>,
         c: *mut Self,
         ldc: usize,
     );
@@ -93,14 +98,18 @@ macro_rules! gemm_impl {
                 sa: [isize; 2],
                 b: &[Self],
                 sb: [isize; 2],
+                bias: Option<&[Self]>,
                 c: *mut Self,
                 ldc: usize,
             ) {
                 check_span(a, [m, k], sa);
                 check_span(b, [k, n], sb);
-                // SAFETY (both): every index the kernel forms lies within
+                if let Some(v) = bias {
+                    assert!(v.len() >= n, "matmul bias of {} for {n} columns", v.len());
+                }
+                // SAFETY (all): every index the kernel forms lies within
                 // the spans just checked and the caller's bounds for `c`.
-                if unsafe { Self::own_kernel([m, k, n], a, sa, b, sb, c, ldc) } {
+                if unsafe { Self::own_kernel([m, k, n], a, sa, b, sb, bias, c, ldc) } {
                     return;
                 }
                 unsafe {
@@ -120,6 +129,15 @@ macro_rules! gemm_impl {
                         ldc as isize,
                         1,
                     )
+                }
+                if let Some(v) = bias {
+                    for i in 0..m {
+                        // SAFETY: row `i` of `c`, written just above.
+                        let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n) };
+                        for (y, &b) in row.iter_mut().zip(v) {
+                            *y += b;
+                        }
+                    }
                 }
             }
         }
@@ -142,16 +160,18 @@ gemm_impl!(
         sa: [isize; 2],
         b: &[f32],
         sb: [isize; 2],
+        bias: Option<&[f32]>,
         c: *mut f32,
         ldc: usize,
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if avx512::available() {
+            let bias = bias.map_or(std::ptr::null(), |v| v.as_ptr());
             // SAFETY: the caller's contract, and the CPU has AVX-512F.
-            unsafe { avx512::sgemm(mkn, a.as_ptr(), sa, b.as_ptr(), sb, c, ldc) };
+            unsafe { avx512::sgemm(mkn, a.as_ptr(), sa, b.as_ptr(), sb, bias, c, ldc) };
             return true;
         }
-        let _ = (mkn, a, sa, b, sb, c, ldc);
+        let _ = (mkn, a, sa, b, sb, bias, c, ldc);
         false
     }
 );
@@ -187,24 +207,47 @@ pub(crate) fn bmm<T: Element>(
     if out.is_empty() {
         return;
     }
-    if let (Some(a), Some(b)) = (same::<T, f32>(a), same::<T, f32>(b)) {
-        if let Some(o) = same_mut::<T, f32>(out) {
-            return run((a, sa, ta), (b, sb, tb), batch, mkn, o);
-        }
-    }
-    if let (Some(a), Some(b)) = (same::<T, f64>(a), same::<T, f64>(b)) {
-        if let Some(o) = same_mut::<T, f64>(out) {
-            return run((a, sa, ta), (b, sb, tb), batch, mkn, o);
-        }
+    if bmm_bias((a, sa, ta), (b, sb, tb), batch, mkn, None, out) {
+        return;
     }
     // 16-bit types: the product in f32, rounded once per output.
     let wide = |s: &[T]| -> Vec<f32> { s.iter().map(|v| v.to_acc().f64() as f32).collect() };
     let (wa, wb) = (wide(a), wide(b));
     let mut wo = vec![0f32; out.len()];
-    run((&wa, sa, ta), (&wb, sb, tb), batch, mkn, &mut wo);
+    run((&wa, sa, ta), (&wb, sb, tb), batch, mkn, None, &mut wo);
     for (o, &v) in out.iter_mut().zip(&wo) {
         *o = T::from_acc(<T::Acc as Accum>::of(v as f64));
     }
+}
+
+/// [`bmm`] plus `bias` (`[n]`, one value per output column) added to every
+/// output row, when `T` is f32 or f64: each band gets its bias right after
+/// its product, while it is in cache (bitwise the product, rounded, plus the
+/// bias, rounded once, as a separate add gives). Returns false, doing
+/// nothing, for other types.
+pub(crate) fn bmm_bias<T: Element>(
+    (a, sa, ta): (&[T], &[usize], bool),
+    (b, sb, tb): (&[T], &[usize], bool),
+    batch: &[usize],
+    mkn: [usize; 3],
+    bias: Option<&[T]>,
+    out: &mut [T],
+) -> bool {
+    if let (Some(a), Some(b)) = (same::<T, f32>(a), same::<T, f32>(b)) {
+        if let Some(o) = same_mut::<T, f32>(out) {
+            let bias = bias.map(|v| same::<T, f32>(v).unwrap_or_default());
+            run((a, sa, ta), (b, sb, tb), batch, mkn, bias, o);
+            return true;
+        }
+    }
+    if let (Some(a), Some(b)) = (same::<T, f64>(a), same::<T, f64>(b)) {
+        if let Some(o) = same_mut::<T, f64>(out) {
+            let bias = bias.map(|v| same::<T, f64>(v).unwrap_or_default());
+            run((a, sa, ta), (b, sb, tb), batch, mkn, bias, o);
+            return true;
+        }
+    }
+    false
 }
 
 /// [`bmm`] for a type with a kernel.
@@ -213,8 +256,12 @@ fn run<G: Gemm>(
     (b, sb, tb): (&[G], &[usize], bool),
     batch: &[usize],
     [m, k, n]: [usize; 3],
+    bias: Option<&[G]>,
     out: &mut [G],
 ) {
+    if let Some(v) = bias {
+        assert_eq!(v.len(), n, "matmul bias of {} for {n} columns", v.len());
+    }
     // Offsets (in elements) of each batch entry's operands.
     let offsets = |s: &[usize], size: usize| {
         let mut o = Vec::new();
@@ -275,6 +322,7 @@ fn run<G: Gemm>(
                 st_a,
                 &b[b0..],
                 st_b,
+                bias.map(|v| &v[c0..c0 + cols]),
                 c.at(i * m * n + r0 * n + c0),
                 n,
             )
@@ -395,6 +443,7 @@ pub(crate) mod tests {
                     [k as isize, 1],
                     &b,
                     [n as isize, 1],
+                    None,
                     whole.as_mut_ptr(),
                     n,
                 )
@@ -412,6 +461,7 @@ pub(crate) mod tests {
                             [k as isize, 1],
                             &b,
                             [n as isize, 1],
+                            None,
                             o.as_mut_ptr(),
                             n,
                         )
@@ -429,7 +479,8 @@ pub(crate) mod tests {
     /// f64 sum where `matrixmultiply` runs; for shapes crossing every block
     /// edge of the kernel, all four stored transposes, a NaN and an
     /// infinity among the operands, and an output buffer full of NaN (the
-    /// stale contents of a recycled buffer, which must all be written).
+    /// stale contents of a recycled buffer, which must all be written);
+    /// with a bias, each entry is the product's plus the bias, bitwise.
     fn f32_entries_are_one_fma_chain_over_stale_output() {
         let mut rng = crate::rng::Rng::new(11);
         let cases = [
@@ -472,6 +523,24 @@ pub(crate) mod tests {
                 [m, k, n],
                 &mut out,
             );
+            // With a bias: the product's entry, then the bias added once.
+            let bias: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+            let mut with_bias = vec![f32::NAN; m * n];
+            assert!(bmm_bias(
+                (&stored_a, &shape(ta, m, k), ta),
+                (&stored_b, &shape(tb, k, n), tb),
+                &[],
+                [m, k, n],
+                Some(&bias),
+                &mut with_bias,
+            ));
+            for (x, (&y, &v)) in with_bias.iter().zip(out.iter().zip(bias.iter().cycle())) {
+                let want = y + v;
+                assert!(
+                    x.to_bits() == want.to_bits() || (x.is_nan() && want.is_nan()),
+                    "[{m}, {k}, {n}] t={ta},{tb} with bias: {x} vs {want}"
+                );
+            }
             let chained = <f32 as Gemm>::tiles().is_some();
             for i in 0..m {
                 for j in 0..n {

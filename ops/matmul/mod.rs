@@ -19,10 +19,12 @@
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub(crate) mod cpu;
+mod linear;
+pub use linear::{linear, linear_composed};
 #[cfg(feature = "cuda")]
 mod cuda;
 
-use super::elementwise::check_devices;
+use super::elementwise::{binary, check_devices, Binary};
 use crate::device::pool::Buffer;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -110,6 +112,19 @@ fn swap_last2(shape: &[usize]) -> Vec<usize> {
 /// two dims of an operand whose flag (`ta`, `tb`) is set: the device-level
 /// kernel shared by forward and backward.
 fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>, ta: bool, tb: bool) -> Result<Tensor<T>> {
+    bmm_bias(a, b, ta, tb, None)
+}
+
+/// [`bmm`] plus `bias` (`[n]`) added to every output row: on the CPU in
+/// f32 and f64 by the product's bands as they finish, elsewhere as a
+/// broadcast add after it (the same bits either way).
+fn bmm_bias<T: Element>(
+    a: &Tensor<T>,
+    b: &Tensor<T>,
+    ta: bool,
+    tb: bool,
+    bias: Option<&Tensor<T>>,
+) -> Result<Tensor<T>> {
     check_devices(OP, a, b)?;
     let la = if ta {
         swap_last2(a.shape())
@@ -134,14 +149,20 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>, ta: bool, tb: bool) -> Result<T
                 shape: shape.clone(),
                 bytes: len.saturating_mul(std::mem::size_of::<T>()),
             })?;
-            cpu::bmm(
-                (xa, a.shape(), ta),
-                (xb, b.shape(), tb),
-                &batch,
-                [m, k, n],
-                &mut out,
-            );
-            Tensor::from_buffer(&shape, out)
+            let (oa, ob) = ((&xa[..], a.shape(), ta), (&xb[..], b.shape(), tb));
+            let bias_cpu = match bias.map(|v| v.storage()) {
+                Some(Storage::Cpu(v)) => Some(&v[..]),
+                _ => None,
+            };
+            if bias_cpu.is_some() && cpu::bmm_bias(oa, ob, &batch, [m, k, n], bias_cpu, &mut out) {
+                return Tensor::from_buffer(&shape, out);
+            }
+            cpu::bmm(oa, ob, &batch, [m, k, n], &mut out);
+            let y = Tensor::from_buffer(&shape, out)?;
+            match bias {
+                Some(v) => binary(OP, Binary::Add, &y, v),
+                None => Ok(y),
+            }
         }
         #[cfg(feature = "cuda")]
         (Storage::Cuda(xa), Storage::Cuda(xb)) => {
@@ -161,7 +182,11 @@ fn bmm<T: Element>(a: &Tensor<T>, b: &Tensor<T>, ta: bool, tb: bool) -> Result<T
                 trans: tb,
                 batch_index: index(b.shape()),
             };
-            cuda::bmm(oa, ob, &shape, [m, k, n])
+            let y = cuda::bmm(oa, ob, &shape, [m, k, n])?;
+            match bias {
+                Some(v) => binary(OP, Binary::Add, &y, v),
+                None => Ok(y),
+            }
         }
         #[cfg(feature = "cuda")]
         _ => Err(Error::DeviceMismatch {

@@ -143,15 +143,15 @@ impl<T: Element> Module<T> for Linear<T> {
             Some(_) => Some(p.take("Linear: bias", &[out])?),
             None => None,
         };
-        let y = if x.shape().len() == 1 {
-            let y = ops::matmul(&ops::reshape(x, &[1, inp])?, w)?;
-            ops::reshape(&y, &[out])?
-        } else {
-            ops::matmul(x, w)?
+        // One op, `x @ w + b` (the bias added as the product finishes).
+        let affine = |x: &Var<T>| match b {
+            Some(b) => ops::linear(x, w, b),
+            None => ops::matmul(x, w),
         };
-        match b {
-            Some(b) => ops::add(&y, b),
-            None => Ok(y),
+        if x.shape().len() == 1 {
+            ops::reshape(&affine(&ops::reshape(x, &[1, inp])?)?, &[out])
+        } else {
+            affine(x)
         }
     }
 }

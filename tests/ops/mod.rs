@@ -5,4 +5,5 @@ mod binary;
 mod elementwise;
 mod kernels;
 mod linalg;
+mod linear;
 mod nn_ops;

@@ -173,7 +173,7 @@ pub const FAMILIES: [&str; 21] = [
     OTHER,
 ];
 
-const MATMUL: &str = "matmul (Linear layers)";
+const MATMUL: &str = "matmul (Linear layers, with their bias)";
 const WEIGHT_SUMS: &str = "matmul: per-batch weight gradients summed";
 const ATT_MATMUL: &str = "attention: q k^T and att v matmuls";
 const ATT_FUSED: &str = "attention: fused op";
@@ -181,7 +181,7 @@ const ATT_MASK: &str = "attention: scale and causal mask";
 const SOFTMAX: &str = "softmax";
 const NORMS: &str = "norms (LayerNorm)";
 const GELU: &str = "GELU";
-const ELEMENTWISE: &str = "elementwise: residual and bias adds, other";
+const ELEMENTWISE: &str = "elementwise: residual adds, other";
 const BIAS_SUMS: &str = "broadcast sums (bias and norm gradients)";
 const ACCUM: &str = "gradient accumulation (sweep)";
 const SHAPE: &str = "shape copies (permute, transpose, narrow)";
@@ -203,7 +203,7 @@ fn family(k: &Key) -> &'static str {
         (Phase::Accumulate, _) => ACCUM,
         (Phase::Step, _) => CLIP,
         (_, "matmul") if k.rank == 4 => ATT_MATMUL,
-        (_, "matmul") => MATMUL,
+        (_, "matmul" | "linear") => MATMUL,
         (_, "attention" | "attention_qkv") => ATT_FUSED,
         (_, "scalar_mul") if k.rank == 4 => ATT_MASK,
         (_, "masked_fill") => ATT_MASK,
