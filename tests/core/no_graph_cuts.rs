@@ -92,6 +92,12 @@ fn entries() -> Vec<Entry> {
         entry("matmul", &[&[2, 2, 3], &[3, 4]], |x| {
             ops::matmul(&x[0], &x[1])
         }),
+        entry("linear", &[&[2, 2, 3], &[3, 4], &[4]], |x| {
+            ops::linear(&x[0], &x[1], &x[2])
+        }),
+        entry("linear_composed", &[&[2, 2, 3], &[3, 4], &[4]], |x| {
+            ops::linear_composed(&x[0], &x[1], &x[2])
+        }),
         entry("softmax", &[m], |x| ops::softmax(&x[0], -1)),
         entry("log_softmax", &[m], |x| ops::log_softmax(&x[0], 0)),
         entry("mse", &[m, m], |x| ops::mse(&x[0], &x[1])),
