@@ -393,7 +393,7 @@ fn bench_train_reports_speed_memory_and_a_breakdown_that_adds_up() {
             .any(|o| o["op"].as_str() == Some(op) && o["phase"].as_str() == Some(phase))
     };
     for op in [
-        "matmul",
+        "linear",
         "layer_norm",
         "gelu",
         "attention_qkv",

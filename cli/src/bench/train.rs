@@ -655,6 +655,8 @@ mod tests {
     fn families_split_matmuls_by_rank_and_sums_by_phase() {
         let k = |op, phase, rank| Key { op, phase, rank };
         assert_eq!(family(&k("matmul", Phase::Forward, 3)), MATMUL);
+        assert_eq!(family(&k("linear", Phase::Backward, 3)), MATMUL);
+        assert_eq!(family(&k("linear", Phase::SumToShape, 1)), BIAS_SUMS);
         assert_eq!(family(&k("matmul", Phase::Backward, 4)), ATT_MATMUL);
         assert_eq!(family(&k("add", Phase::SumToShape, 1)), BIAS_SUMS);
         assert_eq!(family(&k("matmul", Phase::SumToShape, 2)), WEIGHT_SUMS);
