@@ -14,7 +14,7 @@
 //! backward pass is the matmul's, with `G` itself for the bias (the tape
 //! sums it over the rows, as for `add`).
 
-use super::{bmm, bmm_bias};
+use super::{bmm_bias, row_grads};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::Op;
@@ -94,7 +94,7 @@ impl<T: Element> Op<T> for Linear {
         needs: &[bool],
     ) -> Result<Vec<Option<Tensor<T>>>> {
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
-        let (k, n) = (w.shape()[0], w.shape()[1]);
+        let k = w.shape()[0];
         let rows: usize = x.shape()[..x.shape().len() - 1].iter().product();
         if g.numel() == 0 || k == 0 {
             // No rows, or an empty sum: zeros of each operand's shape.
@@ -104,11 +104,7 @@ impl<T: Element> Op<T> for Linear {
             let db = need(2).then(|| g.clone());
             return Ok(vec![zeros(0, x).transpose()?, zeros(1, w).transpose()?, db]);
         }
-        let (xf, gf) = (x.reshape(&[rows, k])?, g.reshape(&[rows, n])?);
-        let dx = need(0)
-            .then(|| bmm(&gf, w, false, true)?.reshape(x.shape()))
-            .transpose()?;
-        let dw = need(1).then(|| bmm(&xf, &gf, true, false)).transpose()?;
+        let [dx, dw] = row_grads(x, w, g, rows, [need(0), need(1)])?;
         Ok(vec![dx, dw, need(2).then(|| g.clone())])
     }
 }

@@ -208,6 +208,25 @@ fn flat_rows<T: Element>(a: &Tensor<T>, b: &Tensor<T>) -> Option<usize> {
         .then(|| a.numel() / sb[0])
 }
 
+/// Both gradients of `a @ b` for `a: [..., k]` read as `[rows, k]` and a
+/// shared `b: [k, n]`, each where `need` asks: one product each, `dB = A^T
+/// G` summed over every row at once, `dA` in `a`'s shape.
+fn row_grads<T: Element>(
+    a: &Tensor<T>,
+    b: &Tensor<T>,
+    g: &Tensor<T>,
+    rows: usize,
+    need: [bool; 2],
+) -> Result<[Option<Tensor<T>>; 2]> {
+    let (k, n) = (b.shape()[0], b.shape()[1]);
+    let (af, gf) = (a.reshape(&[rows, k])?, g.reshape(&[rows, n])?);
+    let da = need[0]
+        .then(|| bmm(&gf, b, false, true)?.reshape(a.shape()))
+        .transpose()?;
+    let db = need[1].then(|| bmm(&af, &gf, true, false)).transpose()?;
+    Ok([da, db])
+}
+
 struct Matmul;
 
 impl<T: Element> Op<T> for Matmul {
@@ -266,15 +285,7 @@ impl<T: Element> Op<T> for Matmul {
             return Ok(vec![zeros(0, a).transpose()?, zeros(1, b).transpose()?]);
         }
         if let Some(rows) = flat_rows(a, b) {
-            // A batch of rows times one shared matrix: one product each,
-            // `dB = A^T G` summed over every row at once.
-            let (k, n) = (b.shape()[0], b.shape()[1]);
-            let (af, gf) = (a.reshape(&[rows, k])?, g.reshape(&[rows, n])?);
-            let da = need(0)
-                .then(|| bmm(&gf, b, false, true)?.reshape(a.shape()))
-                .transpose()?;
-            let db = need(1).then(|| bmm(&af, &gf, true, false)).transpose()?;
-            return Ok(vec![da, db]);
+            return Ok(row_grads(a, b, g, rows, [need(0), need(1)])?.into());
         }
         let da = if need(0) {
             Some(bmm(g, b, false, true)?)
