@@ -51,7 +51,7 @@ pub use device::Device;
 pub use dtype::{Accum, DType, Element};
 pub use error::{Error, Result};
 #[cfg(feature = "cuda")]
-pub use kernels::kernel_table;
+pub use kernels::{cuda_report, kernel_table};
 pub use mask::Mask;
 pub use op::{Op, Saved, SavedItem};
 pub use shadow::{Shadow, ShadowConfig};

@@ -149,7 +149,11 @@ fn train_bench(a: &clap::ArgMatches) -> Result<()> {
 #[cfg(feature = "cuda")]
 fn kernels(archs: &[u32], cache: Option<&std::path::Path>) -> Result<bool> {
     use fusegrad::device;
-    println!("{}", device::nvrtc_info()?);
+    // Without NVRTC the table is the cache's, as its entries' compiler made it.
+    match device::nvrtc_info() {
+        Ok(n) => println!("{n}"),
+        Err(e) => println!("NVRTC: none here, the table is read from the kernel cache ({e})"),
+    }
     let rows = fusegrad::kernel_table(archs, cache)?;
     println!(
         "{:<14} {:<30} {:>6} {:>5} {:>6} {:>6}",
@@ -178,6 +182,21 @@ fn kernels(archs: &[u32], cache: Option<&std::path::Path>) -> Result<bool> {
         st.loaded
     );
     Ok(spills == 0)
+}
+
+/// `fusegrad devices`: the CUDA report; false when no GPU can be used
+/// (or, with `load`, a family cannot load).
+#[cfg(feature = "cuda")]
+fn devices(load: bool) -> Result<bool> {
+    let r = fusegrad::cuda_report(load);
+    print!("{r}");
+    Ok(r.usable)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn devices(_load: bool) -> Result<bool> {
+    println!("GPU: none usable (built without the `cuda` feature)");
+    Ok(false)
 }
 
 /// The fused norms on the GPU against a same-run copy and the composed
@@ -350,6 +369,11 @@ fn cli() -> Command {
                 ),
         )
         .subcommand(
+            Command::new("devices")
+                .about("What fusegrad finds of CUDA here: the GPU, the driver, NVRTC, cuBLAS and the kernel cache (exit status 1 if no GPU can be used)")
+                .arg(Arg::new("load").long("load").action(ArgAction::SetTrue).help("Also load every kernel family on cuda:0 (from the cache, from PTX where the driver refuses a CUBIN, compiled where missing); exit status 1 if one cannot load")),
+        )
+        .subcommand(
             Command::new("kernels")
                 .about("Compile every CUDA kernel with NVRTC (no GPU needed) into the kernel cache and show registers, shared memory and spills")
                 .arg(
@@ -476,6 +500,7 @@ fn run() -> Result<bool> {
                 Ok(n) => println!("kernel compiler: {n}"),
                 Err(e) => println!("kernel compiler: none ({e})"),
             }
+            println!("(`fusegrad devices` says more: the driver, cuBLAS, the kernel cache)");
             let ok = primitives()?;
             norms()?;
             stability_demo(PathBuf::from("target/stability.svg"))?;
@@ -494,6 +519,7 @@ fn run() -> Result<bool> {
             crate::plot::Format::from_path(&plot)?;
             stability_demo(plot).map(|_| true)
         }
+        Some(("devices", a)) => devices(a.get_flag("load")),
         Some(("kernels", a)) => {
             let archs: Vec<u32> = match a.get_many::<u32>("arch") {
                 Some(v) => v.copied().collect(),

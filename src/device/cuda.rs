@@ -8,8 +8,8 @@
 //! checks for the library first and runs driver set-up under
 //! `catch_unwind`: no panic crosses the public API.
 
-use super::kernel_cache::{self, Origin};
-use super::nvrtc::{self, Family};
+use super::kernel_cache::{self, Lookup, Origin};
+use super::nvrtc::Family;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
@@ -38,6 +38,9 @@ pub(crate) struct Gpu {
     /// How device memory is allocated.
     pub(crate) alloc: Alloc,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Families loaded from PTX, with the driver's reason for refusing
+    /// their CUBIN.
+    from_ptx: Mutex<Vec<(&'static str, String)>>,
     /// Entry points by name (names are unique across families).
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Host buffers whose upload may still be in flight, with their bytes:
@@ -134,7 +137,6 @@ fn make(ordinal: usize) -> Result<Gpu> {
     let (major, minor) = ctx
         .compute_capability()
         .map_err(|e| unavailable(format!("cuda:{ordinal}: {e}")))?;
-    nvrtc::available()?;
     // One stream per device orders every launch and free already; the
     // per-buffer events cudarc would record on each launch are not needed.
     // SAFETY: no other stream of this context touches our buffers.
@@ -152,6 +154,7 @@ fn make(ordinal: usize) -> Result<Gpu> {
         arch: (major * 10 + minor) as u32,
         alloc,
         modules: Mutex::new(HashMap::new()),
+        from_ptx: Mutex::new(Vec::new()),
         functions: Mutex::new(HashMap::new()),
         staged: Mutex::new((Vec::new(), 0)),
         blas: OnceLock::new(),
@@ -216,30 +219,85 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Family `family`'s module, loaded once per device: from the kernel
-    /// cache, or compiled (again, when the driver rejects a cached image).
+    /// Family `family`'s module, loaded once per device: the CUBIN from
+    /// the kernel cache (or compiled); where the driver refuses it, the PTX
+    /// of the same compile; where that is refused too, compiled again here.
     fn module(&self, family: &'static Family) -> Result<Arc<CudaModule>> {
         let mut m = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(md) = m.get(family.name) {
             return Ok(md.clone());
         }
-        let (src, family) = (family.source, family.name);
-        let load = |cubin: Vec<u8>| {
-            self.stream
-                .context()
-                .load_module(Ptx::from_binary(cubin))
-                .map_err(|e| self.err("cuModuleLoadData", format!("{family}: {e}")))
-        };
-        let (c, origin) = kernel_cache::family_code(family, src, self.arch, None, false)?;
-        let md = match load(c.cubin) {
-            Err(_) if origin == Origin::Cache => {
-                let (c, _) = kernel_cache::family_code(family, src, self.arch, None, true)?;
-                load(c.cubin)?
+        let (src, name) = (family.source, family.name);
+        let ctx = self.stream.context();
+        let (c, origin) = kernel_cache::family_code(name, src, self.arch, None, Lookup::Any)?;
+        // The CUBIN, else the PTX of the same compile (text ending in a NUL,
+        // as the driver reads it); each refusal is kept for the message.
+        let try_load = |code: kernel_cache::Compiled, refused: &mut Vec<String>| {
+            match ctx.load_module(Ptx::from_binary(code.cubin)) {
+                Ok(md) => return Some((md, false)),
+                Err(e) => refused.push(format!("its CUBIN ({e})")),
             }
-            r => r?,
+            if code.ptx.is_empty() {
+                return None;
+            }
+            match ctx.load_module(Ptx::from_binary(code.ptx)) {
+                Ok(md) => Some((md, true)),
+                Err(e) => {
+                    refused.push(format!("its PTX ({e})"));
+                    None
+                }
+            }
         };
-        m.insert(family, md.clone());
+        let mut refused = Vec::new();
+        let mut got = try_load(c, &mut refused);
+        if got.is_none() && origin == Origin::Cache {
+            let (fresh, _) = kernel_cache::family_code(name, src, self.arch, None, Lookup::Fresh)
+                .map_err(|e| {
+                self.err(
+                    "cuModuleLoadData",
+                    format!(
+                        "{name}: the driver refused the cached {}, and it cannot be compiled \
+                         again: {e}",
+                        refused.join(" and ")
+                    ),
+                )
+            })?;
+            got = try_load(fresh, &mut refused);
+        }
+        let (md, ptx) = got.ok_or_else(|| {
+            self.err(
+                "cuModuleLoadData",
+                format!("{name}: the driver refused {}", refused.join(", then ")),
+            )
+        })?;
+        if ptx {
+            let why = refused.first().cloned().unwrap_or_default();
+            self.from_ptx
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((name, why));
+        }
+        m.insert(name, md.clone());
         Ok(md)
+    }
+
+    /// Loads `family` on this device now (see [`Gpu::module`]).
+    pub(crate) fn load_family(&self, family: &'static Family) -> Result<()> {
+        self.module(family).map(|_| ())
+    }
+
+    /// The families this device runs from PTX, each with the driver's
+    /// reason for refusing its CUBIN.
+    pub(crate) fn from_ptx(&self) -> Vec<(&'static str, String)> {
+        self.from_ptx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// How many families this device has loaded.
+    pub(crate) fn families_loaded(&self) -> usize {
+        self.modules.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// A buffer of `n` elements, from the allocator in use (see [`Alloc`]).

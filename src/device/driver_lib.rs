@@ -84,6 +84,8 @@ pub(crate) const NVRTC: &[&str] = &[
     "nvrtcGetProgramLog",
     "nvrtcGetCUBINSize",
     "nvrtcGetCUBIN",
+    "nvrtcGetPTXSize",
+    "nvrtcGetPTX",
     "nvrtcDestroyProgram",
 ];
 
@@ -128,6 +130,65 @@ pub(crate) fn cublas() -> Result<(), String> {
 /// cached: loading NVRTC by path changes what the bare name finds.
 pub(crate) fn nvrtc() -> Result<(), String> {
     check(&["nvrtc"], "NVRTC", NVRTC, "a stub or an older NVRTC")
+}
+
+/// The first library of cudarc's candidates for `stems` that the loader
+/// opens, with the file it opened.
+fn open_first(stems: &[&str]) -> Option<(libloading::Library, String)> {
+    stems
+        .iter()
+        .flat_map(|s| cudarc::get_lib_name_candidates(s))
+        .find_map(|name| {
+            // SAFETY: the same load by name cudarc makes (running only the
+            // library's initialisers).
+            let lib = unsafe { libloading::Library::new(&name) }.ok()?;
+            // SAFETY: as above; a second handle to the same library.
+            let again = unsafe { libloading::Library::new(&name) }.ok();
+            let path = again.and_then(path_of).unwrap_or(name);
+            Some((lib, path))
+        })
+}
+
+/// The driver's CUDA version and file, as `CUDA 13.0 (PATH)`; read with
+/// the driver's own `cuDriverGetVersion`, before any context exists.
+pub(crate) fn driver_version() -> Result<String, String> {
+    let (lib, path) = open_first(&["cuda", "nvcuda"])
+        .ok_or("the CUDA driver library (libcuda.so) was not found on the loader path")?;
+    type F = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
+    // SAFETY: the driver API's signature of cuDriverGetVersion; it writes
+    // one int.
+    unsafe {
+        let f = lib
+            .get::<F>(b"cuDriverGetVersion")
+            .map_err(|_| format!("{path} lacks cuDriverGetVersion"))?;
+        let mut v = 0;
+        match f(&mut v) {
+            0 => Ok(format!("CUDA {}.{} ({path})", v / 1000, v % 1000 / 10)),
+            r => Err(format!("cuDriverGetVersion failed with {r} ({path})")),
+        }
+    }
+}
+
+/// cuBLAS's version and file, as `13.1.0 (PATH)`, from
+/// `cublasGetProperty` (no handle, no GPU needed).
+pub(crate) fn cublas_version() -> Result<String, String> {
+    let (lib, path) =
+        open_first(&["cublas"]).ok_or("cuBLAS (libcublas.so) was not found on the loader path")?;
+    type F = unsafe extern "C" fn(std::ffi::c_int, *mut std::ffi::c_int) -> std::ffi::c_int;
+    // SAFETY: cuBLAS's signature of cublasGetProperty (MAJOR_VERSION = 0,
+    // MINOR_VERSION = 1, PATCH_LEVEL = 2); it writes one int.
+    unsafe {
+        let f = lib
+            .get::<F>(b"cublasGetProperty")
+            .map_err(|_| format!("{path} lacks cublasGetProperty (a stub or an older cuBLAS)"))?;
+        let mut v = [0; 3];
+        for (k, x) in v.iter_mut().enumerate() {
+            if f(k as std::ffi::c_int, x) != 0 {
+                return Err(format!("cublasGetProperty failed ({path})"));
+            }
+        }
+        Ok(format!("{}.{}.{} ({path})", v[0], v[1], v[2]))
+    }
 }
 
 /// Opens the library cudarc would open for `stems` and looks up each of

@@ -16,6 +16,10 @@ pub(crate) mod pool;
 pub use kernel_cache::{kernel_stats, KernelStats};
 #[cfg(feature = "cuda")]
 pub use nvrtc::{nvrtc_info, Family, KernelInfo, NvrtcInfo, CHECKED_ARCHS};
+#[cfg(feature = "cuda")]
+pub(crate) mod report;
+#[cfg(feature = "cuda")]
+pub use report::CudaReport;
 
 use crate::error::Result;
 
@@ -56,19 +60,28 @@ impl Device {
     }
 
     /// Whether a first CUDA GPU can be used, and if not, why (for reports).
+    /// Needs no NVRTC: kernels come from the cache until one is missing.
     pub fn cuda_status() -> std::result::Result<String, String> {
         #[cfg(feature = "cuda")]
         {
             let g = cuda::gpu(0).map_err(|e| e.to_string())?;
-            let nvrtc = nvrtc::nvrtc_info().map_err(|e| e.to_string())?;
             let cache = match kernel_cache::kernel_stats().dir {
                 Some(d) => d.display().to_string(),
                 None => "off".into(),
             };
-            Ok(format!(
-                "cuda:0, {}, sm_{}; memory: {}; {nvrtc}; kernel cache: {cache}",
+            let mut s = format!(
+                "cuda:0, {}, sm_{}; memory: {}; kernel cache: {cache}",
                 g.device_name, g.arch, g.alloc
-            ))
+            );
+            let ptx = g.from_ptx();
+            if let Some((_, why)) = ptx.first() {
+                let names: Vec<&str> = ptx.iter().map(|(n, _)| *n).collect();
+                s += &format!(
+                    "; kernels run from PTX: {} (the driver refused {why})",
+                    names.join(", ")
+                );
+            }
+            Ok(s)
         }
         #[cfg(not(feature = "cuda"))]
         Err("built without the `cuda` feature".into())

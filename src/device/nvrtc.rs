@@ -1,13 +1,15 @@
 //! Run-time kernel compilation: finding NVRTC, compiling a kernel family
-//! to a CUBIN for one architecture, and reading ptxas's resource report.
+//! to a CUBIN (and its PTX) for one architecture, and reading ptxas's
+//! resource report. Nothing here runs until a kernel must be compiled: a
+//! process whose kernels all come from the kernel cache never loads NVRTC.
 //!
-//! NVRTC is found as a user's machine has it: from `$FUSEGRAD_NVRTC` (the
-//! library file or the folder holding it), else by name through the loader
-//! (`libnvrtc.so`, `.so.13`, `.so.12`: cudarc's list), else from
-//! `target/cuda-tools*/` where `scripts/install-cuda-tools.sh` puts the pip
-//! wheel. A library loaded from a folder has that folder's
-//! `libnvrtc-builtins` loaded first by path, because NVRTC opens it by bare
-//! name and the loader then finds the one already loaded.
+//! NVRTC is found as CUDA installs put it (see [`search_folders`]):
+//! `$FUSEGRAD_NVRTC` (the library file or the folder holding it) alone
+//! when it is set; else by name through the loader (`libnvrtc.so`,
+//! `.so.13`, `.so.12`: cudarc's list); else in the first folder of the
+//! search list that holds it. A library loaded from a folder has that
+//! folder's `libnvrtc-builtins` loaded first by path, because NVRTC opens
+//! it by bare name and the loader then finds the one already loaded.
 
 use crate::error::{Error, Result};
 use cudarc::nvrtc::sys;
@@ -62,17 +64,105 @@ fn in_folder(folder: &Path) -> Option<PathBuf> {
     NAMES.iter().map(|n| folder.join(n)).find(|p| p.is_file())
 }
 
-/// Folders where the pip wheels are installed for development.
-fn dev_folders() -> Vec<PathBuf> {
-    let mut roots = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR"))];
-    roots.extend(std::env::current_dir().ok());
-    let mut v = Vec::new();
-    for r in roots {
+/// What the search for NVRTC reads from the environment, apart so that a
+/// test can give its own.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SearchEnv {
+    pub(crate) ld_library_path: Option<std::ffi::OsString>,
+    pub(crate) path: Option<std::ffi::OsString>,
+    pub(crate) virtual_env: Option<std::ffi::OsString>,
+    pub(crate) home: Option<std::ffi::OsString>,
+    /// Roots whose `target/cuda-tools*/` hold the development wheels.
+    pub(crate) dev_roots: Vec<PathBuf>,
+    /// Where a system CUDA toolkit lives (`/usr/local/cuda`).
+    pub(crate) cuda_home: PathBuf,
+}
+
+impl SearchEnv {
+    fn of_process() -> Self {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        let mut dev_roots = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR"))];
+        dev_roots.extend(std::env::current_dir().ok());
+        SearchEnv {
+            ld_library_path: var("LD_LIBRARY_PATH"),
+            path: var("PATH"),
+            virtual_env: var("VIRTUAL_ENV"),
+            home: var("HOME"),
+            dev_roots,
+            cuda_home: var("CUDA_HOME")
+                .or_else(|| var("CUDA_PATH"))
+                .map_or_else(|| PathBuf::from("/usr/local/cuda"), PathBuf::from),
+        }
+    }
+}
+
+/// The `site-packages` (and `dist-packages`) folders under `prefix/lib`.
+fn site_packages(prefix: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(prefix.join("lib"))
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    v.retain(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("python3"))
+    });
+    v.sort();
+    v.into_iter()
+        .flat_map(|p| [p.join("site-packages"), p.join("dist-packages")])
+        .collect()
+}
+
+/// The folders searched for NVRTC after the loader's own search, in
+/// order: each `LD_LIBRARY_PATH` entry; the CUDA toolkit's `lib64`
+/// (`$CUDA_HOME`, else `/usr/local/cuda`) and that of the `nvcc` on
+/// `PATH`; pip's wheels (`nvidia/cu13/lib`, `nvidia/cuda_nvrtc/lib`) in
+/// the site-packages of `$VIRTUAL_ENV`, of each `python3` on `PATH`, of
+/// `~/.local` and `/usr/local`; then the development wheels of
+/// `scripts/install-cuda-tools.sh`. Empty entries are skipped (an empty
+/// `LD_LIBRARY_PATH` entry means the current folder to the loader, never
+/// a CUDA install); each folder appears once.
+pub(crate) fn search_folders(env: &SearchEnv) -> Vec<PathBuf> {
+    let split = |v: &Option<std::ffi::OsString>| -> Vec<PathBuf> {
+        v.as_ref()
+            .map(|v| {
+                std::env::split_paths(v)
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut v = split(&env.ld_library_path);
+    v.push(env.cuda_home.join("lib64"));
+    let path = split(&env.path);
+    for bin in &path {
+        if bin.join("nvcc").is_file() {
+            if let Some(up) = bin.parent() {
+                v.push(up.join("lib64"));
+            }
+        }
+    }
+    let mut prefixes: Vec<PathBuf> = env.virtual_env.iter().map(PathBuf::from).collect();
+    for bin in &path {
+        if bin.join("python3").exists() {
+            prefixes.extend(bin.parent().map(Path::to_path_buf));
+        }
+    }
+    prefixes.extend(env.home.as_ref().map(|h| PathBuf::from(h).join(".local")));
+    prefixes.push(PathBuf::from("/usr/local"));
+    for prefix in &prefixes {
+        for sp in site_packages(prefix) {
+            v.push(sp.join("nvidia/cu13/lib"));
+            v.push(sp.join("nvidia/cuda_nvrtc/lib"));
+        }
+    }
+    for r in &env.dev_roots {
         for tools in ["target/cuda-tools", "target/cuda-tools-13"] {
             v.push(r.join(tools).join("nvidia/cuda_nvrtc/lib"));
             v.push(r.join(tools).join("nvidia/cu13/lib"));
         }
     }
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|p| seen.insert(p.clone()));
     v
 }
 
@@ -118,43 +208,51 @@ fn mapped_path() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// The sentence for an NVRTC that is nowhere in `searched`.
+pub(crate) fn not_found(searched: &[PathBuf]) -> String {
+    let list: Vec<String> = searched.iter().map(|p| p.display().to_string()).collect();
+    format!(
+        "NVRTC (libnvrtc.so.13 or .so.12) was not found: not on the loader path by name, \
+         FUSEGRAD_NVRTC is unset, and none is in {}; install the CUDA toolkit or pip's \
+         nvidia-cuda-nvrtc, or set FUSEGRAD_NVRTC to its folder",
+        list.join(", ")
+    )
+}
+
 fn find_and_load() -> std::result::Result<NvrtcInfo, String> {
-    if let Some(v) = std::env::var_os("FUSEGRAD_NVRTC") {
+    if let Some(v) = std::env::var_os("FUSEGRAD_NVRTC").filter(|v| !v.is_empty()) {
         let p = PathBuf::from(&v);
         let lib = if p.is_dir() {
             in_folder(&p)
         } else {
-            Some(p.clone())
+            Some(p.clone()).filter(|p| p.is_file())
         };
         let lib = lib.ok_or_else(|| {
             format!(
-                "FUSEGRAD_NVRTC={} holds none of {}",
+                "NVRTC was not found: FUSEGRAD_NVRTC={} holds none of {} (it is the only \
+                 place searched while it is set)",
                 p.display(),
                 NAMES.join(", ")
             )
         })?;
-        load_file(&lib).map_err(|e| format!("FUSEGRAD_NVRTC: cannot load {e}"))?;
+        load_file(&lib).map_err(|e| format!("FUSEGRAD_NVRTC: cannot load NVRTC from {e}"))?;
     } else {
         // SAFETY: only tries to load the library by name.
         if !unsafe { sys::is_culib_present() } {
-            if let Some(lib) = dev_folders().iter().find_map(|f| in_folder(f)) {
-                load_file(&lib)?;
-            }
+            let searched = search_folders(&SearchEnv::of_process());
+            let lib = searched
+                .iter()
+                .find_map(|f| in_folder(f))
+                .ok_or_else(|| not_found(&searched))?;
+            load_file(&lib)?;
         }
     }
     // SAFETY: only tries to load the library by name; a library loaded by
     // path above answers its own soname.
     if !unsafe { sys::is_culib_present() } {
-        let dev: Vec<String> = dev_folders()
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        return Err(format!(
-            "NVRTC (libnvrtc.so.13 or .so.12) is not on the loader path \
-             (LD_LIBRARY_PATH), FUSEGRAD_NVRTC is unset, and none is in {}; \
-             run scripts/install-cuda-tools.sh or set FUSEGRAD_NVRTC to its folder",
-            dev.join(", ")
-        ));
+        return Err("NVRTC was loaded by path, but its soname does not answer \
+                    libnvrtc.so.13 or .so.12"
+            .into());
     }
     // cudarc panics at a missing symbol; a stub or an old NVRTC is refused
     // here instead.
@@ -171,24 +269,24 @@ fn find_and_load() -> std::result::Result<NvrtcInfo, String> {
     })
 }
 
+static FOUND: OnceLock<std::result::Result<NvrtcInfo, String>> = OnceLock::new();
+
 /// Finds and loads NVRTC once; `Err` says where it was looked for.
 pub fn nvrtc_info() -> Result<NvrtcInfo> {
-    static FOUND: OnceLock<std::result::Result<NvrtcInfo, String>> = OnceLock::new();
     FOUND
         .get_or_init(find_and_load)
         .clone()
         .map_err(|reason| Error::CudaUnavailable { reason })
 }
 
-/// Loads NVRTC once; `Err` says where it was looked for.
-pub(crate) fn available() -> Result<()> {
-    nvrtc_info().map(|_| ())
-}
-
-/// A compiled family: the CUBIN and ptxas's log.
+/// A compiled family: the CUBIN, the PTX it was made from (NUL-terminated,
+/// for a driver that refuses the CUBIN; empty if NVRTC gave none), ptxas's
+/// log, and the NVRTC version that made them.
 pub(crate) struct Compiled {
     pub(crate) cubin: Vec<u8>,
+    pub(crate) ptx: Vec<u8>,
     pub(crate) log: String,
+    pub(crate) nvrtc: (i32, i32),
 }
 
 fn check(op: &'static str, r: sys::nvrtcResult, log: &str) -> Result<()> {
@@ -206,7 +304,7 @@ fn check(op: &'static str, r: sys::nvrtcResult, log: &str) -> Result<()> {
 /// resource report in the log. A compile error is `Error::Cuda` carrying
 /// the NVRTC log.
 pub(crate) fn compile(name: &str, src: &str, arch: u32) -> Result<Compiled> {
-    available()?;
+    let nvrtc = nvrtc_info()?.version;
     let text = CString::new(format!("{COMMON}\n{src}")).map_err(|_| Error::Cuda {
         op: "nvrtc",
         device: "nvrtc".into(),
@@ -246,7 +344,24 @@ pub(crate) fn compile(name: &str, src: &str, arch: u32) -> Result<Compiled> {
                 sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char),
                 "",
             )?;
-            Ok(Compiled { cubin, log })
+            let mut n = 0usize;
+            // PTX is a fallback only: a family without it still loads.
+            let mut ptx = Vec::new();
+            if sys::nvrtcGetPTXSize(prog, &mut n) == sys::nvrtcResult::NVRTC_SUCCESS && n > 1 {
+                ptx = vec![0u8; n];
+                if sys::nvrtcGetPTX(prog, ptx.as_mut_ptr() as *mut c_char)
+                    != sys::nvrtcResult::NVRTC_SUCCESS
+                    || ptx.last() != Some(&0)
+                {
+                    ptx.clear();
+                }
+            }
+            Ok(Compiled {
+                cubin,
+                ptx,
+                log,
+                nvrtc,
+            })
         });
         sys::nvrtcDestroyProgram(&mut prog);
         out
@@ -271,7 +386,7 @@ pub struct KernelInfo {
 }
 
 /// Parses ptxas's `-v` report into one row per entry point.
-fn parse_log(family: &str, arch: u32, log: &str) -> Vec<KernelInfo> {
+pub(crate) fn parse_log(family: &str, arch: u32, log: &str) -> Vec<KernelInfo> {
     let mut rows = Vec::new();
     let mut cur: Option<KernelInfo> = None;
     let num_before = |line: &str, word: &str| -> Option<u32> {
@@ -303,67 +418,6 @@ fn parse_log(family: &str, arch: u32, log: &str) -> Vec<KernelInfo> {
         }
     }
     rows
-}
-
-/// Compiles each of `families` for each of `archs` (or reads it from the
-/// kernel cache: `cache`, else the process's) and reports every entry
-/// point's registers, shared memory and spills. Families compile on as
-/// many threads as the machine has cores (NVRTC is single-threaded). Any
-/// compile error is returned with its log.
-pub(crate) fn table_of(
-    families: &[&Family],
-    archs: &[u32],
-    cache: Option<&Path>,
-) -> Result<Vec<KernelInfo>> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    available()?;
-    let jobs: Vec<(&str, &str, u32)> = families
-        .iter()
-        .flat_map(|f| archs.iter().map(move |&a| (f.name, f.source, a)))
-        .collect();
-    let next = AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(jobs.len().max(1));
-    let mut done: Vec<(usize, Result<Vec<KernelInfo>>)> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(name, src, arch)) = jobs.get(i) else {
-                            return out;
-                        };
-                        let r = super::kernel_cache::family_code(name, src, arch, cache, false)
-                            .map(|(c, _)| parse_log(name, arch, &c.log));
-                        out.push((i, r));
-                    }
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for w in workers {
-            match w.join() {
-                Ok(v) => all.extend(v),
-                Err(_) => all.push((
-                    usize::MAX,
-                    Err(Error::Cuda {
-                        op: "nvrtc",
-                        device: "nvrtc".into(),
-                        msg: "a compile thread panicked".into(),
-                    }),
-                )),
-            }
-        }
-        all
-    });
-    done.sort_by_key(|(i, _)| *i);
-    let mut rows = Vec::new();
-    for (_, r) in done {
-        rows.extend(r?);
-    }
-    Ok(rows)
 }
 
 #[cfg(feature = "selftest")]

@@ -7,5 +7,6 @@
 mod backend;
 #[cfg(all(feature = "probes", feature = "cuda"))]
 mod bench;
+mod cache;
 mod kernels;
 mod norms;

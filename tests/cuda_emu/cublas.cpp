@@ -246,6 +246,13 @@ int cublasGetMathMode(void *h, int *mode) {
 }
 // No scratch memory is ever needed; the buffer is accepted and ignored.
 int cublasSetWorkspace_v2(void *h, void *, size_t) { return h ? SUCCESS : NOT_INITIALIZED; }
+// Library properties without a handle: MAJOR_VERSION 0, MINOR_VERSION 1,
+// PATCH_LEVEL 2, as cuBLAS 13.0.0.
+int cublasGetProperty(int type, int *value) {
+  if (!value || type < 0 || type > 2) return INVALID_VALUE;
+  *value = type == 0 ? 13 : 0;
+  return SUCCESS;
+}
 int cublasGetVersion_v2(void *, int *version) {
   if (!version) return INVALID_VALUE;
   *version = 130000;  // pretends to be cuBLAS 13.0, matching cudarc's cuda-13000 bindings

@@ -44,6 +44,7 @@ enum : int {
     INVALID_VALUE = 1,
     OUT_OF_MEMORY = 2,
     INVALID_IMAGE = 200,
+    NO_BINARY_FOR_GPU = 209,
     NOT_FOUND = 500,
     LAUNCH_FAILED = 719,
     NOT_SUPPORTED = 801,
@@ -445,29 +446,46 @@ CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *) {
     return cuMemsetD8_v2(d, v, n);
 }
 
-// A module keeps its image's bytes: a kernel is found only if the image
-// (the CUBIN NVRTC made from the same family) names it.
+// A module keeps the entry points its image names: a CUBIN's symbol
+// names, or the `.entry NAME(` lines of a PTX text (NUL-terminated, as the
+// driver reads it). A kernel is found only if the image names it.
+// FG_EMU_REFUSE_CUBIN=1 makes every CUBIN refused as a driver refuses one
+// built for another architecture or by a newer toolkit
+// (CUDA_ERROR_NO_BINARY_FOR_GPU), so the PTX fallback runs.
 struct Module {
     std::string image;
+    bool ptx;
 };
+static bool refuse_cubin() {
+    const char *v = std::getenv("FG_EMU_REFUSE_CUBIN");
+    return v && std::strcmp(v, "1") == 0;
+}
 CUresult cuModuleLoadData(void **m, const void *image) {
     const unsigned char *p = (const unsigned char *)image;
-    if (std::memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2)
-        return report("cuModuleLoadData: the image is not a 64-bit ELF (CUBIN)"), INVALID_IMAGE;
-    unsigned long long shoff;
-    unsigned short shentsize, shnum;
-    std::memcpy(&shoff, p + 0x28, 8);
-    std::memcpy(&shentsize, p + 0x3a, 2);
-    std::memcpy(&shnum, p + 0x3c, 2);
-    *m = new Module{std::string((const char *)p, shoff + (size_t)shentsize * shnum)};
+    if (std::memcmp(p, "\x7f" "ELF", 4) == 0) {
+        if (p[4] != 2)
+            return report("cuModuleLoadData: the image is not a 64-bit ELF (CUBIN)"), INVALID_IMAGE;
+        if (refuse_cubin()) return NO_BINARY_FOR_GPU;
+        unsigned long long shoff;
+        unsigned short shentsize, shnum;
+        std::memcpy(&shoff, p + 0x28, 8);
+        std::memcpy(&shentsize, p + 0x3a, 2);
+        std::memcpy(&shnum, p + 0x3c, 2);
+        *m = new Module{std::string((const char *)p, shoff + (size_t)shentsize * shnum), false};
+        return OK;
+    }
+    std::string text((const char *)image);
+    if (text.find(".version") == std::string::npos || text.find(".target sm_") == std::string::npos)
+        return report("cuModuleLoadData: the image is neither a CUBIN nor PTX text"), INVALID_IMAGE;
+    *m = new Module{text, true};
     return OK;
 }
 CUresult cuModuleUnload(void *m) { return delete (Module *)m, OK; }
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
-    const std::string &img = ((Module *)m)->image;
-    std::string key = std::string(name) + '\0';
+    const Module &md = *(Module *)m;
+    std::string key = md.ptx ? ".entry " + std::string(name) + "(" : std::string(name) + '\0';
     auto it = registry().find(name);
-    if (img.find(key) == std::string::npos || it == registry().end()) return NOT_FOUND;
+    if (md.image.find(key) == std::string::npos || it == registry().end()) return NOT_FOUND;
     *f = (void *)&*it;
     return OK;
 }
@@ -516,6 +534,7 @@ CUresult cuGetErrorString(CUresult r, const char **s) {
     case INVALID_VALUE: *s = "invalid argument (see cuda-emu's line on stderr)"; break;
     case OUT_OF_MEMORY: *s = "out of memory"; break;
     case INVALID_IMAGE: *s = "device kernel image is invalid"; break;
+    case NO_BINARY_FOR_GPU: *s = "no kernel image is available for execution on the device"; break;
     case NOT_FOUND: *s = "named symbol not found"; break;
     case LAUNCH_FAILED: *s = "unspecified launch failure (see cuda-emu's line on stderr)"; break;
     case NOT_SUPPORTED: *s = "operation not supported"; break;
@@ -529,6 +548,7 @@ CUresult cuGetErrorName(CUresult r, const char **s) {
     case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
     case OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
     case INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; break;
+    case NO_BINARY_FOR_GPU: *s = "CUDA_ERROR_NO_BINARY_FOR_GPU"; break;
     case NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
     case LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
     case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
