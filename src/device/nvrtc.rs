@@ -426,7 +426,71 @@ pub(crate) mod tests {
     use super::*;
 
     // The tests, run by `tests/unit.rs`.
-    unit_tests![ptxas_report_is_parsed];
+    unit_tests![
+        ptxas_report_is_parsed,
+        nvrtc_is_searched_where_cuda_installs_put_it,
+    ];
+
+    fn nvrtc_is_searched_where_cuda_installs_put_it() {
+        let root = std::env::temp_dir().join(format!("fg-nvrtc-search-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mk = |p: &str| {
+            let p = root.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, b"").unwrap();
+        };
+        // A toolkit with nvcc on PATH, a virtualenv and a python3 on PATH
+        // with pip's wheels, and a user's ~/.local.
+        mk("toolkit/bin/nvcc");
+        mk("venv/lib/python3.12/site-packages/nvidia/cu13/lib/libnvrtc.so.13");
+        mk("opt/bin/python3");
+        mk("opt/lib/python3.11/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
+        mk("home/.local/lib/python3.12/site-packages/x");
+        let env = SearchEnv {
+            ld_library_path: Some(format!("{0}/ld1::{0}/ld2:", root.display()).into()),
+            path: Some(format!("{0}/toolkit/bin:{0}/opt/bin", root.display()).into()),
+            virtual_env: Some(root.join("venv").into()),
+            home: Some(root.join("home").into()),
+            dev_roots: vec![root.join("repo")],
+            cuda_home: root.join("cuda"),
+        };
+        let got = search_folders(&env);
+        let rel: Vec<String> = got
+            .iter()
+            .map(|p| {
+                p.strip_prefix(&root)
+                    .map_or_else(|_| p.display().to_string(), |r| r.display().to_string())
+            })
+            .collect();
+        let pos = |want: &str| {
+            rel.iter()
+                .position(|r| r == want)
+                .unwrap_or_else(|| panic!("{want} not searched: {rel:?}"))
+        };
+        // The loader's path first (no empty entries), then the toolkits,
+        // then pip's wheels, then the development wheels.
+        let order = [
+            pos("ld1"),
+            pos("ld2"),
+            pos("cuda/lib64"),
+            pos("toolkit/lib64"),
+            pos("venv/lib/python3.12/site-packages/nvidia/cu13/lib"),
+            pos("opt/lib/python3.11/site-packages/nvidia/cuda_nvrtc/lib"),
+            pos("home/.local/lib/python3.12/site-packages/nvidia/cu13/lib"),
+            pos("repo/target/cuda-tools/nvidia/cuda_nvrtc/lib"),
+        ];
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{rel:?}");
+        assert!(got.iter().all(|p| !p.as_os_str().is_empty()), "{rel:?}");
+        let unique: std::collections::HashSet<_> = got.iter().collect();
+        assert_eq!(unique.len(), got.len(), "{rel:?}");
+        // The first folder holding a library is the one taken.
+        let first = got.iter().find_map(|f| in_folder(f)).unwrap();
+        assert!(first.ends_with("venv/lib/python3.12/site-packages/nvidia/cu13/lib/libnvrtc.so.13"));
+        // The message names every folder searched.
+        let msg = not_found(&got);
+        assert!(msg.contains("NVRTC") && got.iter().all(|p| msg.contains(&*p.to_string_lossy())));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     fn ptxas_report_is_parsed() {
         let log = "ptxas info    : Compiling entry function 'ln_fwd_f32' for 'sm_90'\n\
