@@ -172,7 +172,7 @@ GROUP[racecheck]="--test-threads=1 cuda::norms::fused_cuda_composed_cuda_and_fus
 preflight() {
     local torch_out="$scratch/torch-version"
     (timeout -k 2 8 python3 -c 'import torch; print(torch.__version__, "CUDA" if torch.cuda.is_available() else "no CUDA")' > "$torch_out" 2> /dev/null ||
-        echo "not importable in 8 s" > "$torch_out") &
+        echo "not importable (missing, broken, or over 8 s)" > "$torch_out") &
     local tp=$!
     echo "- GPU (nvidia-smi): $where"
     if [ -x ./fusegrad ]; then

@@ -288,7 +288,7 @@ impl Gpu {
 
     /// The families this device runs from PTX, each with the driver's
     /// reason for refusing its CUBIN.
-    pub(crate) fn from_ptx(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn ptx_families(&self) -> Vec<(&'static str, String)> {
         self.from_ptx
             .lock()
             .unwrap_or_else(|e| e.into_inner())

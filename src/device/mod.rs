@@ -73,7 +73,7 @@ impl Device {
                 "cuda:0, {}, sm_{}; memory: {}; kernel cache: {cache}",
                 g.device_name, g.arch, g.alloc
             );
-            let ptx = g.from_ptx();
+            let ptx = g.ptx_families();
             if let Some((_, why)) = ptx.first() {
                 let names: Vec<&str> = ptx.iter().map(|(n, _)| *n).collect();
                 s += &format!(

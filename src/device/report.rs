@@ -107,7 +107,7 @@ pub(crate) fn cuda_report(families: &[&'static Family], load: bool) -> CudaRepor
             .iter()
             .filter_map(|f| g.load_family(f).err().map(|e| e.to_string()))
             .collect();
-        let ptx = g.from_ptx();
+        let ptx = g.ptx_families();
         lines.push(if let Some(first) = failed.first() {
             usable = false;
             format!(
