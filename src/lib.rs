@@ -18,6 +18,7 @@ macro_rules! unit_tests {
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub(crate) mod file;
 pub mod gradcheck;
 #[cfg(feature = "cuda")]
 mod kernels;
@@ -50,6 +51,7 @@ pub mod probes;
 pub use device::Device;
 pub use dtype::{Accum, DType, Element};
 pub use error::{Error, Result};
+pub use file::write_atomic;
 #[cfg(feature = "cuda")]
 pub use kernels::{cuda_report, kernel_table};
 pub use mask::Mask;

@@ -24,11 +24,12 @@ static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Every unit test, by its path in the crate (as libtest would name it).
 fn all() -> Vec<(&'static str, fn())> {
-    use crate::{device, layout, nn, ops, profile, shadow, special, tensor};
+    use crate::{device, file, layout, nn, ops, profile, shadow, special, tensor};
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     let mut tables = vec![
         device::cpu::tests::TESTS,
         device::pool::tests::TESTS,
+        file::tests::TESTS,
         layout::tests::TESTS,
         nn::clip::tests::TESTS,
         nn::schedule::tests::TESTS,

@@ -129,7 +129,7 @@ pub(crate) fn write_figure<F: Figure>(fig: &F, path: &Path) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    std::fs::write(path, bytes).map_err(io)
+    fusegrad::write_atomic(path, &bytes).map_err(io)
 }
 
 /// How a series is drawn.

@@ -72,7 +72,9 @@ fn layout<T: Element>(t: &[T], shape: &[usize], swap: bool) -> (Vec<T>, Vec<usiz
     }
 }
 
-/// Writes `model`'s parameters to `path` as safetensors.
+/// Writes `model`'s parameters to `path` as safetensors, atomically: a
+/// failed or interrupted save leaves the file that was there (see
+/// [`crate::write_atomic`]).
 pub fn save<T: Element, M: Parameters<T> + ?Sized>(
     model: &M,
     path: impl AsRef<Path>,
@@ -98,7 +100,7 @@ pub fn save<T: Element, M: Parameters<T> + ?Sized>(
         })
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::serialize(views, None).map_err(|e| err(path, e.to_string()))?;
-    std::fs::write(path, bytes).map_err(|e| err(path, e.to_string()))
+    crate::file::write_atomic(path, &bytes).map_err(|e| err(path, e.to_string()))
 }
 
 /// Reads `model`'s parameters from the safetensors file at `path`. Every

@@ -160,10 +160,8 @@ pub(crate) fn write(
         })
         .collect::<Result<Vec<_>>>()?;
     let out = safetensors::serialize(views, Some(meta)).map_err(|e| err(&path, e.to_string()))?;
-    // Written whole, then renamed: a reader never sees half a file.
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, out).map_err(|e| err(&path, e.to_string()))?;
-    std::fs::rename(&tmp, &path).map_err(|e| err(&path, e.to_string()))?;
+    // A reader (or a crash) never sees half a file.
+    crate::file::write_atomic(&path, &out).map_err(|e| err(&path, e.to_string()))?;
     Ok(path)
 }
 

@@ -201,3 +201,38 @@ fn loads_a_file_laid_out_as_pytorch_writes_it() {
     assert_eq!(m.1.gamma().unwrap().as_slice().unwrap(), &g);
     assert_eq!(m.1.beta().unwrap().as_slice().unwrap(), &beta);
 }
+
+#[test]
+fn a_save_replaces_the_file_whole_and_a_failed_save_keeps_it() {
+    let dir = std::env::temp_dir().join(format!("fusegrad-{}-saves", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.safetensors");
+    let (mut a, mut b) = (gpt::<f32>(1), gpt::<f32>(2));
+    scramble(&mut a, 3);
+    scramble(&mut b, 4);
+    save(&a, &path).unwrap();
+    save(&b, &path).unwrap();
+    let mut back = gpt::<f32>(5);
+    load(&mut back, &path).unwrap();
+    assert_eq!(bits(&back), bits(&b));
+    // A save that cannot be written (here: over a folder) is an error
+    // naming the path, and the earlier file and the folder stay as they were.
+    let folder = dir.join("a-folder.safetensors");
+    std::fs::create_dir(&folder).unwrap();
+    let e = save(&a, &folder).unwrap_err().to_string();
+    assert!(
+        e.contains("a-folder.safetensors") && e.contains("is a folder"),
+        "{e}"
+    );
+    assert!(folder.is_dir());
+    load(&mut back, &path).unwrap();
+    assert_eq!(bits(&back), bits(&b));
+    // No temporary file is left beside them.
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
