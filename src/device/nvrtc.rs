@@ -96,18 +96,25 @@ impl SearchEnv {
     }
 }
 
-/// The `site-packages` (and `dist-packages`) folders under `prefix/lib`.
-fn site_packages(prefix: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(prefix.join("lib"))
+/// The entries of `dir` whose names start with `prefix`, sorted (none
+/// where `dir` cannot be read).
+fn entries_starting(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
     v.retain(|p| {
         p.file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("python3"))
+            .is_some_and(|n| n.starts_with(prefix))
     });
     v.sort();
-    v.into_iter()
+    v
+}
+
+/// The `site-packages` (and `dist-packages`) folders under `prefix/lib`.
+fn site_packages(prefix: &Path) -> Vec<PathBuf> {
+    entries_starting(&prefix.join("lib"), "python3")
+        .into_iter()
         .flat_map(|p| [p.join("site-packages"), p.join("dist-packages")])
         .collect()
 }
@@ -170,15 +177,7 @@ pub(crate) fn search_folders(env: &SearchEnv) -> Vec<PathBuf> {
 /// for the process.
 fn load_file(lib: &Path) -> std::result::Result<(), String> {
     if let Some(dir) = lib.parent() {
-        let mut builtins: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
-        builtins.retain(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so"))
-        });
-        for b in builtins {
+        for b in entries_starting(dir, "libnvrtc-builtins.so") {
             // SAFETY: NVRTC's own helper library; only its initialisers run.
             if let Ok(l) = unsafe { libloading::Library::new(&b) } {
                 std::mem::forget(l);
