@@ -3,7 +3,8 @@
 //! ```text
 //! cargo run --release --example tiny_transformer -- [--text FILE] [--steps N]
 //!     [--minutes M] [--composed] [--device cpu|cuda] [--seed S]
-//!     [--save FILE] [--load FILE] [--plots DIR]
+//!     [--save FILE] [--load FILE] [--plots DIR] [--dtype f32|bf16]
+//!     [--checkpoint DIR [--checkpoint-every N] [--keep K]] [--resume DIR]
 //! ```
 //!
 //! The same run as `fusegrad train transformer` (both call
@@ -17,7 +18,7 @@ use fusegrad_cli::app::{matches_or_exit, transformer};
 
 fn main() {
     let m = matches_or_exit(transformer::command("tiny_transformer"));
-    let result = transformer::Options::from_matches(&m).and_then(|o| transformer::run(&o));
+    let result = transformer::Options::from_matches(&m).and_then(|o| transformer::run_any(&o));
     if let Err(e) = result {
         eprintln!("tiny_transformer: {e}");
         std::process::exit(1);

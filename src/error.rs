@@ -123,6 +123,10 @@ pub enum Error {
     /// module (the first mismatch, named).
     #[error("weights file {path}: {msg}")]
     Weights { path: String, msg: String },
+    /// A training checkpoint could not be written or read, is damaged, or
+    /// does not match the run that loads it (what differs, named).
+    #[error("checkpoint {path}: {msg}")]
+    Checkpoint { path: String, msg: String },
     /// A shadow replay file could not be written or read.
     #[error("shadow replay file {path}: {msg}")]
     Replay { path: String, msg: String },

@@ -70,10 +70,44 @@ pub(crate) fn write_with(
     }
     // The rename is durable once the folder is; a folder that cannot be
     // opened for that (some filesystems) still has the whole new file.
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Writes `bytes` to a new file at `path` and flushes it to disk: the
+/// pieces of a folder that is renamed into place whole (a checkpoint).
+pub(crate) fn write_new_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let fail = |what: &str, e: io::Error| {
+        io::Error::new(e.kind(), format!("{}: {what}: {e}", path.display()))
+    };
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| fail("creating", e))?;
+    f.write_all(bytes).map_err(|e| fail("writing", e))?;
+    f.sync_all().map_err(|e| fail("flushing to disk", e))
+}
+
+/// Flushes `dir`'s entries (a rename into it) to disk, where the
+/// filesystem lets a folder be opened for that.
+pub(crate) fn sync_dir(dir: &Path) {
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
     }
-    Ok(())
+}
+
+/// 64-bit FNV-1a: stable across builds and platforms, unlike std's hasher.
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in p.iter() {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separates parts, so ("ab", "c") and ("a", "bc") differ.
+        h = (h ^ 0xff).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 #[cfg(feature = "selftest")]

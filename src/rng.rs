@@ -11,6 +11,17 @@ impl Rng {
         Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
     }
 
+    /// The generator's whole state: [`Rng::from_state`] of it continues
+    /// the same stream (what a checkpoint saves).
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
+    /// The generator whose [`Rng::state`] was `state`.
+    pub fn from_state(state: u64) -> Self {
+        Rng(state)
+    }
+
     /// Next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);

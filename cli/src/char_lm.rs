@@ -3,6 +3,8 @@
 //! seeded training loop for [`Gpt`]. `examples/tiny_transformer.rs` runs it
 //! at full size; the tests run it small.
 
+use crate::checkpoint::Persist;
+use fusegrad::dtype::{Accum, Element};
 use fusegrad::error::{Error, Result};
 use fusegrad::nn::{AdamW, Gpt, GptConfig, NormImpl, Optimizer, Parameters, WarmupCosine};
 use fusegrad::nn::{EvalPoint, Observer, Step};
@@ -162,7 +164,7 @@ impl Default for CharLmConfig {
 /// What a run did: the training loss per step (nats), the validation
 /// curve and the final model.
 #[derive(Debug, Clone)]
-pub struct CharLmRun {
+pub struct CharLmRun<T: Element = f32> {
     /// Mean training cross-entropy of each step, in nats.
     pub losses: Vec<f64>,
     /// Validation points.
@@ -170,7 +172,7 @@ pub struct CharLmRun {
     /// Training tokens per second.
     pub tokens_per_s: f64,
     /// The trained model.
-    pub model: Gpt<f32>,
+    pub model: Gpt<T>,
 }
 
 /// Builds a model for `data` from `config` and trains it with `imp`
@@ -186,22 +188,26 @@ pub fn train_char_lm(
 
 /// The model [`train_char_lm`] starts from: `config.model` with the data's
 /// vocabulary, initialised from `config.seed`, with `imp` LayerNorms.
-pub fn new_model(data: &CharData, config: &CharLmConfig, imp: NormImpl) -> Result<Gpt<f32>> {
+pub fn new_model<T: Element>(
+    data: &CharData,
+    config: &CharLmConfig,
+    imp: NormImpl,
+) -> Result<Gpt<T>> {
     let mut shape = config.model;
     shape.vocab = data.vocab();
-    let mut model = Gpt::<f32>::new(shape, &mut Rng::new(config.seed))?;
+    let mut model = Gpt::<T>::new(shape, &mut Rng::new(config.seed))?;
     model.set_norm_impl(imp);
     Ok(model)
 }
 
 /// Trains `model` (for example one loaded from a file) on `data`; batches
 /// are drawn from `config.seed`. `on_eval` sees each validation point.
-pub fn train_model(
-    model: Gpt<f32>,
+pub fn train_model<T: Element>(
+    model: Gpt<T>,
     data: &CharData,
     config: &CharLmConfig,
     on_eval: impl FnMut(&EvalPoint),
-) -> Result<CharLmRun> {
+) -> Result<CharLmRun<T>> {
     train_observed(model, data, config, &mut OnEval(on_eval))
 }
 
@@ -217,12 +223,75 @@ impl<F: FnMut(&EvalPoint)> Observer for OnEval<F> {
 /// [`train_model`] telling `obs` of every step (loss, tokens so far) and
 /// every validation point; pass a [`crate::progress::Bar`] for a progress
 /// bar.
-pub fn train_observed(
-    mut model: Gpt<f32>,
+pub fn train_observed<T: Element>(
+    model: Gpt<T>,
     data: &CharData,
     config: &CharLmConfig,
     obs: &mut dyn Observer,
-) -> Result<CharLmRun> {
+) -> Result<CharLmRun<T>> {
+    train_persisted(model, data, config, obs, &Persist::none())
+}
+
+/// The settings a resumed run must share with its checkpoint: the model's
+/// shape, the text, the batch, the schedule and the seed.
+pub fn checkpoint_config(
+    data: &CharData,
+    config: &CharLmConfig,
+    shape: &GptConfig,
+) -> BTreeMap<String, String> {
+    let text: Vec<u8> = data
+        .train
+        .iter()
+        .chain(&data.val)
+        .flat_map(|&t| (t as u32).to_le_bytes())
+        .collect();
+    let c = config;
+    [
+        ("model", "transformer".to_string()),
+        ("vocab", shape.vocab.to_string()),
+        ("context", shape.context.to_string()),
+        ("width", shape.width.to_string()),
+        ("heads", shape.heads.to_string()),
+        ("layers", shape.layers.to_string()),
+        (
+            "text",
+            format!(
+                "{} characters, FNV-1a {:016x}",
+                text.len() / 4,
+                fnv1a64(&text)
+            ),
+        ),
+        ("batch", c.batch.to_string()),
+        ("steps", c.steps.to_string()),
+        ("lr", format!("{:?}", c.lr)),
+        ("warmup", c.warmup.to_string()),
+        ("clip", format!("{:?}", c.clip)),
+        ("eval_every", c.eval_every.to_string()),
+        ("eval_batches", c.eval_batches.to_string()),
+        ("seed", c.seed.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// 64-bit FNV-1a of `bytes`: names the text in a checkpoint.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// [`train_observed`] with checkpoints: resumed from and saved to where
+/// `persist` says, so that a run stopped and resumed takes exactly the
+/// steps of one that was not.
+pub fn train_persisted<T: Element>(
+    mut model: Gpt<T>,
+    data: &CharData,
+    config: &CharLmConfig,
+    obs: &mut dyn Observer,
+    persist: &Persist,
+) -> Result<CharLmRun<T>> {
     let shape = *model.config();
     if shape.vocab != data.vocab() {
         return Err(Error::InvalidArgument {
@@ -235,6 +304,12 @@ pub fn train_observed(
         });
     }
     let mut stepper = Stepper::new(config, &shape)?;
+    let mut state = persist.start(
+        &mut model,
+        &mut stepper.opt,
+        &checkpoint_config(data, config, &shape),
+    )?;
+    stepper.rng = state.rng("batches", stepper.rng.clone());
     let (b, t) = (config.batch, shape.context);
     // Fixed validation windows, so that every evaluation sees the same text.
     let mut vrng = Rng::new(config.seed ^ 0x5eed);
@@ -242,9 +317,16 @@ pub fn train_observed(
         .map(|_| CharData::batch(&data.val, b, t, &mut vrng))
         .collect();
     let start = Instant::now();
-    let (mut losses, mut evals) = (Vec::new(), Vec::new());
     // The observer is passed in, not captured: the loop tells it of steps too.
-    let mut eval = |model: &Gpt<f32>, step: usize, obs: &mut dyn Observer| -> Result<()> {
+    let eval = |model: &Gpt<T>,
+                step: usize,
+                obs: &mut dyn Observer,
+                state: &mut fusegrad::nn::TrainState|
+     -> Result<()> {
+        // A resumed run does not repeat the evaluation its checkpoint ends with.
+        if state.evals.last().is_some_and(|e| e.step == step) {
+            return Ok(());
+        }
         let mut sum = 0.0;
         for (x, y) in &val {
             let tape = Tape::new();
@@ -257,17 +339,22 @@ pub fn train_observed(
             seconds: start.elapsed().as_secs_f64(),
         };
         obs.on_eval(&e);
-        evals.push(e);
+        state.evals.push(e);
         Ok(())
     };
-    let mut step = 0;
+    let first = state.step as usize;
+    let mut step = first;
+    let every = config.eval_every.max(1);
+    if step.is_multiple_of(every) {
+        eval(&model, step, obs, &mut state)?;
+    }
     while step < config.steps && start.elapsed() < config.time_limit {
-        if step % config.eval_every.max(1) == 0 {
-            eval(&model, step, obs)?;
-        }
         let value = stepper.step(&mut model, data, step, obs.shadow(), &mut |_| {})?;
-        losses.push(value);
         step += 1;
+        state.losses.push(value);
+        state.step = step as u64;
+        state.data_position = (step * b) as u64;
+        state.rngs.insert("batches".into(), stepper.rng.state());
         obs.on_step(&Step {
             step,
             steps: config.steps,
@@ -275,13 +362,19 @@ pub fn train_observed(
             items: step * b * t,
             seconds: start.elapsed().as_secs_f64(),
         });
+        // Evaluated before a checkpoint at the same step, so that it holds it.
+        if step.is_multiple_of(every) || step == config.steps {
+            eval(&model, step, obs, &mut state)?;
+        }
+        persist.step(&model, &stepper.opt, &state)?;
     }
-    eval(&model, step, obs)?;
+    eval(&model, step, obs, &mut state)?;
+    persist.finish(&model, &stepper.opt, &state)?;
     let secs = start.elapsed().as_secs_f64();
     Ok(CharLmRun {
-        tokens_per_s: (step * b * t) as f64 / secs.max(1e-9),
-        losses,
-        evals,
+        tokens_per_s: ((step - first) * b * t) as f64 / secs.max(1e-9),
+        losses: state.losses,
+        evals: state.evals,
         model,
     })
 }
@@ -303,16 +396,16 @@ pub(crate) enum StepPart {
 /// What persists across the steps of [`train_observed`]: the batch stream,
 /// AdamW and the schedule. The one definition of a training step, so that
 /// `fusegrad bench --train` times exactly the step that training runs.
-pub(crate) struct Stepper {
+pub(crate) struct Stepper<T: Element = f32> {
     rng: Rng,
-    opt: AdamW<f32>,
+    opt: AdamW<T>,
     schedule: WarmupCosine,
     batch: usize,
     context: usize,
     clip: f64,
 }
 
-impl Stepper {
+impl<T: Element> Stepper<T> {
     /// The state before step 0 of a run of `config` on a model of `shape`.
     pub(crate) fn new(config: &CharLmConfig, shape: &GptConfig) -> Result<Self> {
         Ok(Stepper {
@@ -336,7 +429,7 @@ impl Stepper {
     /// after the last.
     pub(crate) fn step(
         &mut self,
-        model: &mut Gpt<f32>,
+        model: &mut Gpt<T>,
         data: &CharData,
         step: usize,
         shadow: Option<&fusegrad::Shadow>,
@@ -370,8 +463,8 @@ impl Stepper {
 
 /// `n` characters sampled after `prompt` at `temperature` (characters not
 /// in the alphabet are dropped from the prompt).
-pub fn sample(
-    model: &Gpt<f32>,
+pub fn sample<T: Element>(
+    model: &Gpt<T>,
     data: &CharData,
     prompt: &str,
     n: usize,
@@ -395,10 +488,11 @@ pub fn sample(
         let v = data.vocab();
         let all = logits.value().to_vec()?;
         let last = &all[all.len() - v..];
-        let m = last.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let last: Vec<f64> = last.iter().map(|l| l.to_acc().f64()).collect();
+        let m = last.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
         let w: Vec<f64> = last
             .iter()
-            .map(|&l| ((l as f64 - m) / temperature.max(1e-6)).exp())
+            .map(|&l| ((l - m) / temperature.max(1e-6)).exp())
             .collect();
         let mut r = rng.uniform() * w.iter().sum::<f64>();
         let mut next = v - 1;
@@ -415,6 +509,6 @@ pub fn sample(
     Ok(out)
 }
 
-fn scalar(t: &Tensor<f32>) -> Result<f64> {
-    Ok(t.to_vec()?.first().copied().unwrap_or(f32::NAN) as f64)
+fn scalar<T: Element>(t: &Tensor<T>) -> Result<f64> {
+    Ok(t.to_vec()?.first().map_or(f64::NAN, |v| v.to_acc().f64()))
 }

@@ -575,7 +575,7 @@ fn run() -> Result<bool> {
         Some(("train", t)) => match t.subcommand() {
             Some(("spirals", a)) => spirals::run(&spirals::Options::from_matches(a)?).map(|_| true),
             Some(("transformer", a)) => {
-                transformer::run(&transformer::Options::from_matches(a)?).map(|_| true)
+                transformer::run_any(&transformer::Options::from_matches(a)?).map(|_| true)
             }
             _ => Ok(false),
         },

@@ -9,6 +9,7 @@
 //! - [`train_regression`]: fit a smooth function of 4 inputs with an MLP
 //!   using RMSNorm, mean squared error, Adam.
 
+use crate::checkpoint::Persist;
 use fusegrad::dtype::Element;
 use fusegrad::error::{Error, Result};
 use fusegrad::nn::{
@@ -20,6 +21,7 @@ use fusegrad::probes::checked_numel;
 use fusegrad::rng::Rng;
 use fusegrad::tape::Tape;
 use fusegrad::tensor::Tensor;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// A labelled data set: `x` of shape `[n, features]`, one class per row.
@@ -198,6 +200,35 @@ pub fn train_spirals_observed<T: Element>(
     config: &SpiralConfig,
     obs: &mut dyn Observer,
 ) -> Result<TrainReport> {
+    train_spirals_persisted::<T>(config, obs, &Persist::none())
+}
+
+/// The settings a resumed spirals run must share with its checkpoint: the
+/// data, the network and the optimizer (not the step count: Adam's rate is
+/// constant, so a run may be extended).
+pub fn spirals_checkpoint_config(config: &SpiralConfig) -> BTreeMap<String, String> {
+    let c = config;
+    [
+        ("model", "spirals".to_string()),
+        ("classes", c.classes.to_string()),
+        ("per_class", c.per_class.to_string()),
+        ("noise", format!("{:?}", c.noise)),
+        ("hidden", c.hidden.to_string()),
+        ("lr", format!("{:?}", c.lr)),
+        ("seed", c.seed.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// [`train_spirals_observed`] with checkpoints: resumed from and saved to
+/// where `persist` says; `losses` in the report are the whole run's.
+pub fn train_spirals_persisted<T: Element>(
+    config: &SpiralConfig,
+    obs: &mut dyn Observer,
+    persist: &Persist,
+) -> Result<TrainReport> {
     let train = spirals::<T>(config.classes, config.per_class, config.noise, config.seed)?;
     let test = spirals::<T>(
         config.classes,
@@ -210,10 +241,10 @@ pub fn train_spirals_observed<T: Element>(
         lr: config.lr,
         ..AdamConfig::default()
     })?;
+    let mut state = persist.start(&mut model, &mut opt, &spirals_checkpoint_config(config))?;
     let start = Instant::now();
-    let mut losses = Vec::with_capacity(config.steps);
     let n = train.labels.len();
-    for step in 1..=config.steps {
+    for step in state.step as usize + 1..=config.steps {
         let tape = Tape::new();
         if let Some(s) = obs.shadow() {
             s.watch(&tape, step);
@@ -222,9 +253,11 @@ pub fn train_spirals_observed<T: Element>(
         let logits = model.forward(&p, &tape.constant(train.x.clone()))?;
         let loss = ops::cross_entropy(&logits, &train.labels)?;
         let value = scalar(loss.value())?;
-        losses.push(value);
         let grads = loss.backward()?;
         opt.step(&mut model, &p, &grads)?;
+        state.losses.push(value);
+        state.step = step as u64;
+        state.data_position = (step * n) as u64;
         obs.on_step(&Step {
             step,
             steps: config.steps,
@@ -232,7 +265,10 @@ pub fn train_spirals_observed<T: Element>(
             items: step * n,
             seconds: start.elapsed().as_secs_f64(),
         });
+        persist.step(&model, &opt, &state)?;
     }
+    persist.finish(&model, &opt, &state)?;
+    let losses = state.losses;
     let seconds = start.elapsed().as_secs_f64();
     let final_logits = model.predict(&train.x)?;
     let tape = Tape::new();

@@ -36,6 +36,7 @@ pub mod analysis;
 pub mod app;
 pub mod bench;
 pub mod char_lm;
+pub mod checkpoint;
 pub mod command;
 pub mod demo;
 pub mod plot;

@@ -76,25 +76,12 @@ fn default_dir() -> Option<PathBuf> {
     (!bad.contains(&d)).then_some(d)
 }
 
-/// 64-bit FNV-1a: stable across builds and platforms, unlike std's hasher.
-fn fnv(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in p.iter() {
-            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separates parts, so ("ab", "c") and ("a", "bc") differ.
-        h = (h ^ 0xff).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
 /// The entry's file name for `family` on `sm_<arch>`.
 fn entry_name(family: &str, src: &str, arch: u32) -> String {
     let a = arch.to_string();
     let mut parts: Vec<&[u8]> = vec![COMMON.as_bytes(), src.as_bytes(), a.as_bytes()];
     parts.extend(OPTIONS.iter().map(|o| o.as_bytes()));
-    let key = fnv(&parts);
+    let key = crate::file::fnv1a64(&parts);
     format!("{family}-sm_{arch}-{key:016x}.cubin")
 }
 
@@ -139,7 +126,7 @@ fn read_entry(path: &Path) -> Option<Compiled> {
     let (log, rest) = body.split_at(log_len);
     let (ptx, cubin) = rest.split_at(ptx_len);
     let ptx_ok = ptx.is_empty() || ptx.last() == Some(&0);
-    if fnv(&[body]) != h.sum || !cubin.starts_with(b"\x7fELF") || !ptx_ok {
+    if crate::file::fnv1a64(&[body]) != h.sum || !cubin.starts_with(b"\x7fELF") || !ptx_ok {
         return None;
     }
     Some(Compiled {
@@ -164,7 +151,7 @@ fn write_entry(dir: &Path, name: &str, c: &Compiled) -> std::io::Result<()> {
         c.log.len(),
         c.ptx.len(),
         c.cubin.len(),
-        fnv(&[&body])
+        crate::file::fnv1a64(&[&body])
     )
     .into_bytes();
     out.extend_from_slice(&body);

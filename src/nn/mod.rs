@@ -64,6 +64,7 @@
 //! Layout: [`Linear`] stores its weight as `[in, out]` so that the forward
 //! pass is `x @ W + b` without a transpose (PyTorch stores `[out, in]`).
 
+mod checkpoint;
 pub(crate) mod clip;
 mod init;
 mod linear;
@@ -77,13 +78,14 @@ pub(crate) mod schedule;
 mod transformer;
 mod weights;
 
+pub use checkpoint::{load_checkpoint, Checkpoints, TrainState};
 pub use clip::clip_grad_norm;
 pub use init::Init;
 pub use linear::Linear;
 pub use mlp::{Activation, Mlp, MlpConfig, Norm};
 pub use norm::{LayerNorm, NormImpl, RmsNorm};
 pub use observe::{EvalPoint, Observer, Silent, Step};
-pub use optim::{Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
+pub use optim::{Adam, AdamConfig, AdamW, Optimizer, OptimizerState, Sgd, SgdConfig};
 pub use schedule::WarmupCosine;
 pub use transformer::{Embedding, Gpt, GptConfig, MultiHeadAttention, TransformerBlock};
 pub use weights::{load, save};

@@ -12,7 +12,7 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeSet;
 use std::path::Path;
 
-fn err(path: &Path, msg: impl Into<String>) -> Error {
+pub(crate) fn err(path: &Path, msg: impl Into<String>) -> Error {
     Error::Weights {
         path: path.display().to_string(),
         msg: msg.into(),
@@ -59,7 +59,7 @@ fn from_bytes<T: Element>(b: &[u8]) -> T {
 }
 
 /// `t`'s elements with its two dims swapped when `swap`.
-fn layout<T: Element>(t: &[T], shape: &[usize], swap: bool) -> (Vec<T>, Vec<usize>) {
+pub(crate) fn layout<T: Element>(t: &[T], shape: &[usize], swap: bool) -> (Vec<T>, Vec<usize>) {
     match (swap, shape) {
         (true, &[r, c]) => {
             let mut out = Vec::with_capacity(t.len());
@@ -80,26 +80,7 @@ pub fn save<T: Element, M: Parameters<T> + ?Sized>(
     path: impl AsRef<Path>,
 ) -> Result<()> {
     let path = path.as_ref();
-    let (params, names) = (model.params(), model.param_names());
-    check_names(path, &names, params.len())?;
-    let mut blobs = Vec::with_capacity(params.len());
-    for (p, n) in params.iter().zip(&names) {
-        let (vals, shape) = layout(&p.to_vec()?, p.shape(), n.transposed);
-        let mut bytes = Vec::with_capacity(vals.len() * std::mem::size_of::<T>());
-        for v in vals {
-            push_bytes(v, &mut bytes);
-        }
-        blobs.push((n.name.clone(), shape, bytes));
-    }
-    let views = blobs
-        .iter()
-        .map(|(n, s, b)| {
-            safetensors::tensor::TensorView::new(dtype::<T>(), s.clone(), b)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| err(path, e.to_string()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let bytes = safetensors::serialize(views, None).map_err(|e| err(path, e.to_string()))?;
+    let bytes = params_bytes(model, path)?;
     crate::file::write_atomic(path, &bytes).map_err(|e| err(path, e.to_string()))
 }
 
@@ -113,73 +94,136 @@ pub fn load<T: Element, M: Parameters<T> + ?Sized>(
 ) -> Result<()> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| err(path, e.to_string()))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| err(path, e.to_string()))?;
-    let names = model.param_names();
-    let fresh = {
-        let params = model.params();
-        check_names(path, &names, params.len())?;
-        let mut fresh = Vec::with_capacity(params.len());
-        for (p, n) in params.iter().zip(&names) {
-            let view = file.tensor(&n.name).map_err(|_| {
-                err(
-                    path,
-                    format!("no tensor named {:?} (the model's {:?})", n.name, p.shape()),
-                )
-            })?;
-            let want = match (n.transposed, p.shape()) {
-                (true, &[r, c]) => vec![c, r],
-                (_, s) => s.to_vec(),
-            };
-            if view.dtype() != dtype::<T>() {
-                return Err(err(
-                    path,
-                    format!(
-                        "{:?} is {:?}, the model is {}",
-                        n.name,
-                        view.dtype(),
-                        T::NAME
-                    ),
-                ));
-            }
-            if view.shape() != want.as_slice() {
-                return Err(err(
-                    path,
-                    format!(
-                        "{:?} has shape {:?}, the model needs {want:?}",
-                        n.name,
-                        view.shape()
-                    ),
-                ));
-            }
-            let width = view.dtype().bitsize() / 8;
-            let vals: Vec<T> = view
-                .data()
-                .chunks_exact(width)
-                .map(from_bytes::<T>)
-                .collect();
-            let (vals, shape) = layout(&vals, &want, n.transposed);
-            // On the parameter's own device (a GPU model loads onto the GPU).
-            fresh.push(Tensor::from_vec(shape, vals)?.to_device(p.device())?);
-        }
-        let known: BTreeSet<&str> = names.iter().map(|n| n.name.as_str()).collect();
-        let mut extra: Vec<&str> = file
-            .names()
-            .into_iter()
-            .filter(|n| !known.contains(n))
-            .collect();
-        extra.sort_unstable();
-        if let Some(x) = extra.first() {
-            return Err(err(
-                path,
-                format!("tensor {x:?} is not a parameter of the model"),
-            ));
-        }
-        fresh
-    };
+    let fresh = read_params(model, &bytes, path)?;
     for (p, t) in model.params_mut().into_iter().zip(fresh) {
         *p = t;
     }
     Ok(())
+}
+
+/// `model`'s parameters as the bytes of a safetensors file (`path` names
+/// it in errors).
+pub(crate) fn params_bytes<T: Element, M: Parameters<T> + ?Sized>(
+    model: &M,
+    path: &Path,
+) -> Result<Vec<u8>> {
+    let (params, names) = (model.params(), model.param_names());
+    check_names(path, &names, params.len())?;
+    let mut entries = Vec::with_capacity(params.len());
+    for (p, n) in params.iter().zip(&names) {
+        let (vals, shape) = layout(&p.to_vec()?, p.shape(), n.transposed);
+        entries.push((n.name.clone(), shape, vals));
+    }
+    encode(path, entries, None)
+}
+
+/// The safetensors bytes of `entries` (name, stored shape, values), all of
+/// type `T`, with `metadata` in the header.
+pub(crate) fn encode<T: Element>(
+    path: &Path,
+    entries: Vec<(String, Vec<usize>, Vec<T>)>,
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<Vec<u8>> {
+    let blobs: Vec<(String, Vec<usize>, Vec<u8>)> = entries
+        .into_iter()
+        .map(|(n, shape, vals)| {
+            let mut bytes = Vec::with_capacity(vals.len() * std::mem::size_of::<T>());
+            for v in vals {
+                push_bytes(v, &mut bytes);
+            }
+            (n, shape, bytes)
+        })
+        .collect();
+    let views = blobs
+        .iter()
+        .map(|(n, s, b)| {
+            safetensors::tensor::TensorView::new(dtype::<T>(), s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| err(path, e.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    safetensors::serialize(views, metadata).map_err(|e| err(path, e.to_string()))
+}
+
+/// The values of tensor `name` in `file`, which must hold it as `T` with
+/// the stored shape `shape`; `what` says what it is in errors.
+pub(crate) fn decode<T: Element>(
+    path: &Path,
+    file: &SafeTensors<'_>,
+    name: &str,
+    shape: &[usize],
+    what: &str,
+) -> Result<Vec<T>> {
+    let view = file
+        .tensor(name)
+        .map_err(|_| err(path, format!("no tensor named {name:?} ({what} {shape:?})")))?;
+    if view.dtype() != dtype::<T>() {
+        return Err(err(
+            path,
+            format!("{name:?} is {:?}, {what} is {}", view.dtype(), T::NAME),
+        ));
+    }
+    if view.shape() != shape {
+        return Err(err(
+            path,
+            format!(
+                "{name:?} has shape {:?}, {what} needs {shape:?}",
+                view.shape()
+            ),
+        ));
+    }
+    let width = view.dtype().bitsize() / 8;
+    Ok(view
+        .data()
+        .chunks_exact(width)
+        .map(from_bytes::<T>)
+        .collect())
+}
+
+/// The first name in `file` that `known` lacks, as an error.
+pub(crate) fn no_extra(
+    path: &Path,
+    file: &SafeTensors<'_>,
+    known: &BTreeSet<&str>,
+    what: &str,
+) -> Result<()> {
+    let mut extra: Vec<&str> = file
+        .names()
+        .into_iter()
+        .filter(|n| !known.contains(n))
+        .collect();
+    extra.sort_unstable();
+    match extra.first() {
+        Some(x) => Err(err(path, format!("tensor {x:?} is not {what}"))),
+        None => Ok(()),
+    }
+}
+
+/// `model`'s parameters read from the safetensors `bytes`, checked as
+/// [`load`] says, each on its parameter's device; the model is not changed.
+pub(crate) fn read_params<T: Element, M: Parameters<T> + ?Sized>(
+    model: &M,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<Vec<Tensor<T>>> {
+    let file = SafeTensors::deserialize(bytes).map_err(|e| err(path, e.to_string()))?;
+    let names = model.param_names();
+    let params = model.params();
+    check_names(path, &names, params.len())?;
+    let mut fresh = Vec::with_capacity(params.len());
+    for (p, n) in params.iter().zip(&names) {
+        let want = match (n.transposed, p.shape()) {
+            (true, &[r, c]) => vec![c, r],
+            (_, s) => s.to_vec(),
+        };
+        let vals = decode::<T>(path, &file, &n.name, &want, "the model's parameter")?;
+        let (vals, shape) = layout(&vals, &want, n.transposed);
+        // On the parameter's own device (a GPU model loads onto the GPU).
+        fresh.push(Tensor::from_vec(shape, vals)?.to_device(p.device())?);
+    }
+    let known: BTreeSet<&str> = names.iter().map(|n| n.name.as_str()).collect();
+    no_extra(path, &file, &known, "a parameter of the model")?;
+    Ok(fresh)
 }
 
 /// One name per parameter, no name twice.

@@ -395,6 +395,7 @@ fn kind(e: &Error) -> &'static str {
         Error::NoBackward { .. } => "NoBackward",
         Error::DeviceMismatch { .. } => "DeviceMismatch",
         Error::Weights { .. } => "Weights",
+        Error::Checkpoint { .. } => "Checkpoint",
         Error::Plot { .. } => "Plot",
         Error::Replay { .. } => "Replay",
         Error::ShadowMismatch { .. } => "ShadowMismatch",

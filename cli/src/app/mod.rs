@@ -9,10 +9,114 @@ pub mod shadow;
 pub mod spirals;
 pub mod transformer;
 
+use crate::checkpoint::{home_of, Persist};
 use clap::{value_parser, Arg, ArgAction, ArgMatches, Command};
-use fusegrad::error::Result;
+use fusegrad::error::{Error, Result};
+use fusegrad::nn::Checkpoints;
 use fusegrad::Device;
 use std::path::PathBuf;
+
+/// The element type a run trains in (`--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// `f32` weights, moments and arithmetic.
+    #[default]
+    F32,
+    /// `bf16` weights and activations; f32 moments and accumulation.
+    Bf16,
+}
+
+impl Precision {
+    /// Its name on the command line and in checkpoints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// `--dtype`, `--checkpoint DIR`, `--checkpoint-every N`, `--keep K` and
+/// `--resume DIR`, shared by both runs.
+fn state_args() -> [Arg; 5] {
+    let dir = |id: &'static str, help: &'static str| {
+        Arg::new(id)
+            .long(id)
+            .value_name("DIR")
+            .value_parser(value_parser!(PathBuf))
+            .help(help)
+    };
+    let count = |id: &'static str, name: &'static str, help: &'static str| {
+        Arg::new(id)
+            .long(id)
+            .value_name(name)
+            .value_parser(value_parser!(usize))
+            .help(help)
+    };
+    [
+        Arg::new("dtype")
+            .long("dtype")
+            .value_name("TYPE")
+            .value_parser(["f32", "bf16"])
+            .default_value("f32")
+            .help("Element type of the weights and activations (the optimizer's moments stay f32)"),
+        dir(
+            "checkpoint",
+            "Save checkpoints (model, optimizer, step, random state) to DIR/step-N, at the end and every --checkpoint-every steps",
+        ),
+        count("checkpoint-every", "N", "With --checkpoint: also save after every N steps"),
+        count("keep", "K", "With --checkpoint: keep only the newest K checkpoints"),
+        dir(
+            "resume",
+            "Continue the run saved in DIR (its newest checkpoint) or DIR/step-N, exactly; checkpoints go on into the same folder unless --checkpoint says otherwise",
+        ),
+    ]
+}
+
+/// The precision named by `--dtype`.
+fn precision_of(m: &ArgMatches) -> Precision {
+    match m.get_one::<String>("dtype").map(String::as_str) {
+        Some("bf16") => Precision::Bf16,
+        _ => Precision::F32,
+    }
+}
+
+/// The checkpointing that `--checkpoint`, `--checkpoint-every`, `--keep`
+/// and `--resume` ask for; `--keep 0`, `--checkpoint-every 0`, or either
+/// without a folder, is an error.
+fn persist_of(m: &ArgMatches) -> Result<Persist> {
+    let from = m.get_one::<PathBuf>("resume").cloned();
+    let to = m
+        .get_one::<PathBuf>("checkpoint")
+        .cloned()
+        .or_else(|| from.as_deref().map(home_of));
+    let every = m.get_one::<usize>("checkpoint-every").copied();
+    let keep = m.get_one::<usize>("keep").copied();
+    let bad = |op, msg: &str| {
+        Err(Error::InvalidArgument {
+            op,
+            msg: msg.into(),
+        })
+    };
+    if to.is_none() && (every.is_some() || keep.is_some()) {
+        return bad(
+            "--checkpoint",
+            "--checkpoint-every and --keep need --checkpoint DIR (or --resume DIR)",
+        );
+    }
+    if every == Some(0) {
+        return bad(
+            "--checkpoint-every",
+            "0 is not a number of steps (want >= 1)",
+        );
+    }
+    let to = match (to, keep) {
+        (Some(d), Some(k)) => Some(Checkpoints::new(d).keep(k)?),
+        (Some(d), None) => Some(Checkpoints::new(d)),
+        (None, _) => None,
+    };
+    Ok(Persist::new(to, every, from))
+}
 
 /// Where loss plots go unless `--plots DIR` says otherwise (relative to the
 /// working folder, like cargo's `target/`).

@@ -2,8 +2,9 @@
 //! progress bar, its final figures and a loss plot.
 
 use super::shadow::Watching;
-use super::{common_args, device_of, get};
-use crate::demo::{train_spirals_observed, Agreement, SpiralConfig, TrainReport};
+use super::{common_args, device_of, get, persist_of, precision_of, state_args, Precision};
+use crate::checkpoint::Persist;
+use crate::demo::{train_spirals_persisted, Agreement, SpiralConfig, TrainReport};
 use crate::plot::{LinePlot, Series, Style};
 use crate::progress::Bar;
 use clap::{value_parser, Arg, ArgMatches, Command};
@@ -30,6 +31,10 @@ pub struct Options {
     /// Check the fused LayerNorms against their twins every this many
     /// steps (`--shadow`).
     pub shadow: Option<usize>,
+    /// The element type (`--dtype`).
+    pub precision: Precision,
+    /// Checkpoints of the fused run: resumed from, saved to.
+    pub persist: Persist,
 }
 
 impl Default for Options {
@@ -42,6 +47,8 @@ impl Default for Options {
             plots: Some(PathBuf::from(super::PLOTS_DIR)),
             progress: false,
             shadow: None,
+            precision: Precision::F32,
+            persist: Persist::none(),
         }
     }
 }
@@ -54,9 +61,10 @@ pub fn command(name: &'static str) -> Command {
         .about("Train a small MLP with LayerNorm to tell three interleaved spirals apart")
         .long_about(
             "Train a small MLP with LayerNorm to tell three interleaved spirals apart \
-             (2 -> 32 -> LN -> GELU -> 32 -> LN -> GELU -> 3, full-batch Adam, f32). Shows a \
-             progress bar, prints the loss and accuracies, and writes the loss curve to \
-             DIR/spirals_loss.png and .svg.",
+             (2 -> 32 -> LN -> GELU -> 32 -> LN -> GELU -> 3, full-batch Adam, f32 or bf16). \
+             Shows a progress bar, prints the loss and accuracies, and writes the loss curve \
+             to DIR/spirals_loss.png and .svg. With --checkpoint it saves its whole state; \
+             --resume continues it bit for bit.",
         )
         .arg(
             Arg::new("steps")
@@ -86,6 +94,7 @@ pub fn command(name: &'static str) -> Command {
             "Also train with the composed LayerNorm from the same seed and compare the loss curves",
         ))
         .arg(super::shadow::arg())
+        .args(state_args())
 }
 
 impl Options {
@@ -105,6 +114,8 @@ impl Options {
             plots: m.get_one::<PathBuf>("plots").cloned(),
             progress: true,
             shadow: super::shadow::every_of(m),
+            precision: precision_of(m),
+            persist: persist_of(m)?,
         })
     }
 }
@@ -122,7 +133,12 @@ pub struct Summary {
     pub shadow: Vec<SiteReport>,
 }
 
-fn train(o: &Options, imp: NormImpl, shadow: Option<&Shadow>) -> Result<TrainReport> {
+fn train(
+    o: &Options,
+    imp: NormImpl,
+    shadow: Option<&Shadow>,
+    persist: &Persist,
+) -> Result<TrainReport> {
     let config = SpiralConfig {
         norm_impl: imp,
         ..o.config
@@ -132,15 +148,20 @@ fn train(o: &Options, imp: NormImpl, shadow: Option<&Shadow>) -> Result<TrainRep
     } else {
         Bar::quiet("samples")
     };
-    let r = match shadow {
+    let mut watched;
+    let obs: &mut dyn fusegrad::nn::Observer = match shadow {
         Some(shadow) => {
-            let mut w = Watching {
+            watched = Watching {
                 inner: &mut bar,
                 shadow,
             };
-            train_spirals_observed::<f32>(&config, &mut w)
+            &mut watched
         }
-        None => train_spirals_observed::<f32>(&config, &mut bar),
+        None => &mut bar,
+    };
+    let r = match o.precision {
+        Precision::F32 => train_spirals_persisted::<f32>(&config, obs, persist),
+        Precision::Bf16 => train_spirals_persisted::<half::bf16>(&config, obs, persist),
     };
     bar.finish();
     r
@@ -165,17 +186,17 @@ fn line(name: &str, r: &TrainReport, n: usize) -> String {
 pub fn run(o: &Options) -> Result<Summary> {
     let c = &o.config;
     println!(
-        "spirals: {} classes x {} points, noise {}; MLP 2 -> {h} -> LN -> GELU -> {h} -> LN -> GELU -> {}; Adam lr {}, {} steps, f32, {}",
-        c.classes, c.per_class, c.noise, c.classes, c.lr, c.steps, o.device, h = c.hidden
+        "spirals: {} classes x {} points, noise {}; MLP 2 -> {h} -> LN -> GELU -> {h} -> LN -> GELU -> {}; Adam lr {}, {} steps, {}, {}",
+        c.classes, c.per_class, c.noise, c.classes, c.lr, c.steps, o.precision.name(), o.device, h = c.hidden
     );
     let n = c.classes * c.per_class;
     let shadow = o
         .shadow
         .map(|e| super::shadow::shadow(e, o.plots.as_deref()));
-    let fused = train(o, NormImpl::Fused, shadow.as_ref())?;
+    let fused = train(o, NormImpl::Fused, shadow.as_ref(), &o.persist)?;
     println!("{}", line("fused:", &fused, n));
     let agreement = if o.composed {
-        let twin = train(o, NormImpl::Composed, None)?;
+        let twin = train(o, NormImpl::Composed, None, &Persist::none())?;
         println!("{}", line("composed:", &twin, n));
         let a = Agreement::of(fused.clone(), twin);
         println!(

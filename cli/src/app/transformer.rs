@@ -5,11 +5,13 @@
 //! line and a loss plot.
 
 use super::shadow::Watching;
-use super::{common_args, device_of, get};
-use crate::char_lm::{new_model, sample, train_observed, CharData, CharLmConfig, CharLmRun};
+use super::{common_args, device_of, get, persist_of, precision_of, state_args, Precision};
+use crate::char_lm::{new_model, sample, train_persisted, CharData, CharLmConfig, CharLmRun};
+use crate::checkpoint::Persist;
 use crate::plot::{LinePlot, Series, Style};
 use crate::progress::Bar;
 use clap::{value_parser, Arg, ArgMatches, Command};
+use fusegrad::dtype::Element;
 use fusegrad::error::{Error, Result};
 use fusegrad::nn::{load, save, Gpt, NormImpl, Parameters};
 use fusegrad::shadow::{Shadow, SiteReport};
@@ -40,6 +42,10 @@ pub struct Options {
     /// Check the fused LayerNorms against their twins every this many
     /// steps (`--shadow`).
     pub shadow: Option<usize>,
+    /// The element type (`--dtype`).
+    pub precision: Precision,
+    /// Checkpoints of the fused run: resumed from, saved to.
+    pub persist: Persist,
 }
 
 impl Default for Options {
@@ -56,6 +62,8 @@ impl Default for Options {
             plots: Some(PathBuf::from(super::PLOTS_DIR)),
             progress: false,
             shadow: None,
+            precision: Precision::F32,
+            persist: Persist::none(),
         }
     }
 }
@@ -79,7 +87,8 @@ pub fn command(name: &'static str) -> Command {
              AdamW with warmup and cosine decay, gradient clipping) on a text. Prints the \
              text's unigram entropy and a smoothed bigram model's validation loss (the bars \
              to pass), the validation loss as it trains, and a sampled line; writes the loss \
-             curve to DIR/transformer_loss.png and .svg. About 4.5 minutes on 2 cores.",
+             curve to DIR/transformer_loss.png and .svg. About 4.5 minutes on 2 cores. With \
+             --checkpoint it saves its whole state; --resume continues it bit for bit.",
         )
         .arg(path_arg(
             "text",
@@ -112,6 +121,7 @@ pub fn command(name: &'static str) -> Command {
         .arg(path_arg("save", "Write the trained weights to FILE (safetensors)"))
         .arg(path_arg("load", "Start from the weights in FILE (safetensors) instead of fresh ones"))
         .arg(super::shadow::arg())
+        .args(state_args())
         .args(common_args(
             "Train again with the composed LayerNorm and attention from the same start and print both loss curves",
         ))
@@ -123,6 +133,15 @@ impl Options {
     /// backend, is an error.
     pub fn from_matches(m: &ArgMatches) -> Result<Options> {
         let d = Options::default();
+        if m.contains_id("load")
+            && m.get_one::<PathBuf>("load").is_some()
+            && m.get_one::<PathBuf>("resume").is_some()
+        {
+            return Err(Error::InvalidArgument {
+                op: "--resume",
+                msg: "--load and --resume both set the weights; give one".into(),
+            });
+        }
         let minutes: f64 = get(m, "minutes", 4.5);
         let time_limit =
             Duration::try_from_secs_f64(minutes * 60.0).map_err(|_| Error::InvalidArgument {
@@ -144,21 +163,23 @@ impl Options {
             plots: m.get_one::<PathBuf>("plots").cloned(),
             progress: true,
             shadow: super::shadow::every_of(m),
+            precision: precision_of(m),
+            persist: persist_of(m)?,
         })
     }
 }
 
 /// What a run produced.
 #[derive(Debug, Clone)]
-pub struct Summary {
+pub struct Summary<T: Element = f32> {
     /// Unigram entropy of the training text, bits per character.
     pub unigram_bits: f64,
     /// Validation loss of the add-one bigram model, bits per character.
     pub bigram_bits: f64,
     /// The fused run.
-    pub fused: CharLmRun,
+    pub fused: CharLmRun<T>,
     /// The composed twin, if asked.
-    pub composed: Option<CharLmRun>,
+    pub composed: Option<CharLmRun<T>>,
     /// Largest relative difference of the training loss, fused vs
     /// composed, if both ran.
     pub max_rel_diff: Option<f64>,
@@ -205,13 +226,14 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-fn train(
+fn train<T: Element>(
     o: &Options,
     data: &CharData,
-    model: Gpt<f32>,
+    model: Gpt<T>,
     c: &CharLmConfig,
     shadow: Option<&Shadow>,
-) -> Result<CharLmRun> {
+    persist: &Persist,
+) -> Result<CharLmRun<T>> {
     println!("{:>6} {:>9} {:>14}", "step", "seconds", "val bits/char");
     let mut bar = if o.progress {
         Bar::new(c.steps, "tok")
@@ -224,16 +246,40 @@ fn train(
                 inner: &mut bar,
                 shadow,
             };
-            train_observed(model, data, c, &mut w)
+            train_persisted(model, data, c, &mut w, persist)
         }
-        None => train_observed(model, data, c, &mut bar),
+        None => train_persisted(model, data, c, &mut bar, persist),
     };
     bar.finish();
     run
 }
 
-/// Trains, prints the figures as plain lines, saves and plots.
+/// Runs `o` in the element type it names ([`run_as`]), for the command.
+pub fn run_any(o: &Options) -> Result<()> {
+    match o.precision {
+        Precision::F32 => run_as::<f32>(o).map(|_| ()),
+        Precision::Bf16 => run_as::<half::bf16>(o).map(|_| ()),
+    }
+}
+
+/// [`run_as`] in f32.
 pub fn run(o: &Options) -> Result<Summary> {
+    run_as::<f32>(o)
+}
+
+/// Trains in `T`, prints the figures as plain lines, saves and plots.
+/// Errors if `o` names another element type.
+pub fn run_as<T: Element>(o: &Options) -> Result<Summary<T>> {
+    if o.precision.name() != T::NAME {
+        return Err(Error::InvalidArgument {
+            op: "train transformer",
+            msg: format!(
+                "the options say {}, the run is {}",
+                o.precision.name(),
+                T::NAME
+            ),
+        });
+    }
     let config = &o.config;
     let text = match &o.text {
         Some(f) => std::fs::read_to_string(f).map_err(|e| Error::InvalidArgument {
@@ -254,9 +300,9 @@ pub fn run(o: &Options) -> Result<Summary> {
         data.val.len()
     );
     println!(
-        "model: {} layers, {} heads, width {}, context {}; batch {}, AdamW lr {}, at most {} steps or {:.1} min, {}",
+        "model: {} layers, {} heads, width {}, context {}; batch {}, AdamW lr {}, at most {} steps or {:.1} min, {}, {}",
         m.layers, m.heads, m.width, m.context, config.batch, config.lr, config.steps,
-        config.time_limit.as_secs_f64() / 60.0, o.device
+        config.time_limit.as_secs_f64() / 60.0, o.precision.name(), o.device
     );
     let (uni, bi) = (data.unigram_bits(), data.bigram_bits());
     println!("unigram entropy:           {uni:.3} bits/char");
@@ -265,7 +311,7 @@ pub fn run(o: &Options) -> Result<Summary> {
         "target: below {bi:.3} and below {:.3} (unigram - 1.5)",
         uni - 1.5
     );
-    let mut model = new_model(&data, config, NormImpl::Fused)?;
+    let mut model = new_model::<T>(&data, config, NormImpl::Fused)?;
     model.to_device(o.device)?;
     if let Some(f) = &o.load {
         load(&mut model, f)?;
@@ -275,7 +321,7 @@ pub fn run(o: &Options) -> Result<Summary> {
     let shadow = o
         .shadow
         .map(|e| super::shadow::shadow(e, o.plots.as_deref()));
-    let fused = train(o, &data, model, config, shadow.as_ref())?;
+    let fused = train(o, &data, model, config, shadow.as_ref(), &o.persist)?;
     if let Some(f) = &o.save {
         save(&fused.model, f)?;
         println!("weights written to {} (safetensors)", f.display());
@@ -326,12 +372,12 @@ pub fn run(o: &Options) -> Result<Summary> {
 }
 
 /// The composed twin over the fused run's steps, and the table of both.
-fn compare(
+fn compare<T: Element>(
     o: &Options,
     data: &CharData,
-    mut twin: Gpt<f32>,
-    fused: &CharLmRun,
-) -> Result<(CharLmRun, f64)> {
+    mut twin: Gpt<T>,
+    fused: &CharLmRun<T>,
+) -> Result<(CharLmRun<T>, f64)> {
     let mut c = o.config;
     c.steps = fused.losses.len();
     c.time_limit = Duration::MAX;
@@ -340,7 +386,7 @@ fn compare(
         c.steps
     );
     twin.set_norm_impl(NormImpl::Composed);
-    let twin = train(o, data, twin, &c, None)?;
+    let twin = train(o, data, twin, &c, None, &Persist::none())?;
     println!(
         "{:>6} {:>12} {:>12} {:>10}",
         "step", "fused", "composed", "rel diff"
@@ -361,8 +407,13 @@ fn compare(
 
 /// Training loss per step and validation points in bits per character,
 /// with the two bars as flat lines.
-fn plot(fused: &CharLmRun, composed: Option<&CharLmRun>, uni: f64, bi: f64) -> LinePlot {
-    let bits = |r: &CharLmRun| -> Vec<(f64, f64)> {
+fn plot<T: Element>(
+    fused: &CharLmRun<T>,
+    composed: Option<&CharLmRun<T>>,
+    uni: f64,
+    bi: f64,
+) -> LinePlot {
+    let bits = |r: &CharLmRun<T>| -> Vec<(f64, f64)> {
         let ln2 = std::f64::consts::LN_2;
         r.losses
             .iter()

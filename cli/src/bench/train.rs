@@ -288,7 +288,7 @@ pub fn run_train(config: &TrainBenchConfig) -> Result<TrainBench> {
     let prior_peak = status_bytes("VmHWM").unwrap_or(0);
     let baseline = status_bytes("VmRSS").unwrap_or(0);
     let reset = reset_peak();
-    let mut model = new_model(&data, run, NormImpl::Fused)?;
+    let mut model = new_model::<f32>(&data, run, NormImpl::Fused)?;
     let mut stepper = Stepper::new(run, model.config())?;
     let mut s = 0;
     for _ in 0..config.warmup {
@@ -722,7 +722,7 @@ pub fn run_shadow_cost(
     let (every, pairs) = (every.max(1), pairs.max(1));
     let run = &config.run;
     let data = CharData::new(&own_text()?, run.model.context)?;
-    let mut model = new_model(&data, run, NormImpl::Fused)?;
+    let mut model = new_model::<f32>(&data, run, NormImpl::Fused)?;
     let mut stepper = Stepper::new(run, model.config())?;
     // Handed to the first step of a watched block only, so it checks each
     // step it sees.

@@ -8,8 +8,10 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod state;
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::KERNELS;
+pub use state::OptimizerState;
 
 use super::{clip_grad_norm, Bound, Parameters};
 use crate::dtype::Element;
@@ -27,6 +29,26 @@ pub trait Optimizer<T: Element> {
 
     /// Forgets the state (momentum, moments, step count).
     fn reset(&mut self);
+
+    /// The state a checkpoint saves, as PyTorch's `state_dict()`. The
+    /// default is an error: an optimizer says how if it can be resumed.
+    fn state_dict(&self) -> Result<OptimizerState<T>> {
+        Err(Error::InvalidArgument {
+            op: "Optimizer::state_dict",
+            msg: "this optimizer does not export its state".into(),
+        })
+    }
+
+    /// Puts back a state from [`Optimizer::state_dict`]. Errors, changing
+    /// nothing, for another kind of optimizer or other hyper-parameters
+    /// (all but `lr`, which is restored).
+    fn load_state_dict(&mut self, state: OptimizerState<T>) -> Result<()> {
+        let _ = state;
+        Err(Error::InvalidArgument {
+            op: "Optimizer::load_state_dict",
+            msg: "this optimizer does not import a state".into(),
+        })
+    }
 
     /// One step for `model`, whose parameters were bound as `bound` on the
     /// tape that `grads` came from.
@@ -310,6 +332,14 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
     fn reset(&mut self) {
         self.velocity.clear();
     }
+
+    fn state_dict(&self) -> Result<OptimizerState<T>> {
+        Ok(self.export())
+    }
+
+    fn load_state_dict(&mut self, state: OptimizerState<T>) -> Result<()> {
+        self.import(state)
+    }
 }
 
 /// Adam settings.
@@ -439,6 +469,14 @@ impl<T: Element> Optimizer<T> for Adam<T> {
         self.t = 0;
         self.moments.clear();
     }
+
+    fn state_dict(&self) -> Result<OptimizerState<T>> {
+        Ok(self.export())
+    }
+
+    fn load_state_dict(&mut self, state: OptimizerState<T>) -> Result<()> {
+        self.import(state)
+    }
 }
 
 /// AdamW (Loshchilov and Hutter), as PyTorch's `AdamW`: Adam whose weight
@@ -491,5 +529,13 @@ impl<T: Element> Optimizer<T> for AdamW<T> {
 
     fn reset(&mut self) {
         self.0.reset()
+    }
+
+    fn state_dict(&self) -> Result<OptimizerState<T>> {
+        Ok(self.0.export())
+    }
+
+    fn load_state_dict(&mut self, state: OptimizerState<T>) -> Result<()> {
+        self.0.import(state)
     }
 }
