@@ -1,5 +1,6 @@
 //! nn: layers, optimizers, the transformer and safetensors weights.
 
+mod checkpoint;
 mod layers;
 mod transformer;
 mod weights;
