@@ -9,6 +9,7 @@ mod analysis;
 mod analysis_edges;
 mod broken_driver;
 mod char_lm;
+mod checkpoint;
 mod demos;
 mod gpu_kit;
 mod plot;

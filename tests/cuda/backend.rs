@@ -526,3 +526,78 @@ fn special_values_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn a_checkpoint_of_a_gpu_run_loads_onto_each_device_and_resumes_exactly() {
+    use fusegrad::nn::{
+        load_checkpoint, AdamW, Checkpoints, Linear, Module, Optimizer, Parameters, TrainState,
+    };
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng::new(12);
+    let x = random::<f32>(&mut rng, &[16, 8], false)
+        .to_device(dev)
+        .unwrap();
+    let target = random::<f32>(&mut rng, &[16, 4], false)
+        .to_device(dev)
+        .unwrap();
+    let step = |model: &mut Linear<f32>, opt: &mut AdamW<f32>| {
+        let tape = Tape::new();
+        let bound = model.bind(&tape);
+        let y = model.forward(&bound, &tape.constant(x.clone())).unwrap();
+        let loss = ops::mse(&y, &tape.constant(target.clone())).unwrap();
+        let grads = loss.backward().unwrap();
+        opt.step(model, &bound, &grads).unwrap();
+    };
+    let fresh = || {
+        let mut m = Linear::<f32>::new(8, 4, &mut Rng::new(4)).unwrap();
+        m.to_device(dev).unwrap();
+        (m, AdamW::<f32>::with_lr(1e-2).unwrap())
+    };
+    let (mut a, mut oa) = fresh();
+    step(&mut a, &mut oa);
+    step(&mut a, &mut oa);
+    let dir = std::env::temp_dir().join(format!("fusegrad-{}-gpu-ckpt", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let state = TrainState {
+        step: 2,
+        ..TrainState::new()
+    };
+    Checkpoints::new(&dir).save(&a, &oa, &state).unwrap();
+    let flat = |m: &Linear<f32>| -> Vec<u32> {
+        m.params()
+            .iter()
+            .flat_map(|p| p.to_vec().unwrap())
+            .map(f32::to_bits)
+            .collect()
+    };
+    // Onto the GPU: parameters and moments on the device, and the next step
+    // is the step the saved run takes.
+    let (mut b, mut ob) = fresh();
+    load_checkpoint(&dir, &mut b, &mut ob, &Default::default()).unwrap();
+    let moments = ob.state_dict().unwrap();
+    assert!(moments
+        .buffers
+        .iter()
+        .flatten()
+        .all(|(_, t)| t.device() == dev));
+    assert!(b.params().iter().all(|p| p.device() == dev));
+    step(&mut a, &mut oa);
+    step(&mut b, &mut ob);
+    assert_eq!(flat(&b), flat(&a), "a resumed GPU step differs");
+    // Onto the CPU: the same values.
+    let mut c = Linear::<f32>::new(8, 4, &mut Rng::new(5)).unwrap();
+    let mut oc = AdamW::<f32>::with_lr(1e-2).unwrap();
+    let back = load_checkpoint(&dir, &mut c, &mut oc, &Default::default()).unwrap();
+    assert_eq!(back.step, 2);
+    assert!(c.params().iter().all(|p| p.device() == Device::Cpu));
+    let cpu_moments = oc.state_dict().unwrap();
+    for (g, h) in moments
+        .buffers
+        .iter()
+        .flatten()
+        .zip(cpu_moments.buffers.iter().flatten())
+    {
+        assert_eq!(g.1.to_vec().unwrap(), h.1.to_vec().unwrap(), "{}", g.0);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

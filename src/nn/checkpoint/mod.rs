@@ -224,7 +224,11 @@ where
 
 /// `path` itself when it is a checkpoint, else the newest one in it.
 fn resolve(path: &Path) -> Result<PathBuf> {
-    if path.join(folder::SUMS).exists() || path.join(STATE).exists() {
+    let named_as_one = path
+        .file_name()
+        .and_then(|n| folder::step_of(&n.to_string_lossy()))
+        .is_some();
+    if named_as_one || path.join(folder::SUMS).exists() || path.join(STATE).exists() {
         return Ok(path.to_path_buf());
     }
     if !path.is_dir() {
