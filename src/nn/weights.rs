@@ -212,10 +212,7 @@ pub(crate) fn read_params<T: Element, M: Parameters<T> + ?Sized>(
     check_names(path, &names, params.len())?;
     let mut fresh = Vec::with_capacity(params.len());
     for (p, n) in params.iter().zip(&names) {
-        let want = match (n.transposed, p.shape()) {
-            (true, &[r, c]) => vec![c, r],
-            (_, s) => s.to_vec(),
-        };
+        let want = stored_shape(n, p.shape());
         let vals = decode::<T>(path, &file, &n.name, &want, "the model's parameter")?;
         let (vals, shape) = layout(&vals, &want, n.transposed);
         // On the parameter's own device (a GPU model loads onto the GPU).
@@ -224,6 +221,14 @@ pub(crate) fn read_params<T: Element, M: Parameters<T> + ?Sized>(
     let known: BTreeSet<&str> = names.iter().map(|n| n.name.as_str()).collect();
     no_extra(path, &file, &known, "a parameter of the model")?;
     Ok(fresh)
+}
+
+/// The shape a parameter of `shape` has in the file under `n`.
+pub(crate) fn stored_shape(n: &ParamName, shape: &[usize]) -> Vec<usize> {
+    match (n.transposed, shape) {
+        (true, &[r, c]) => vec![c, r],
+        (_, s) => s.to_vec(),
+    }
 }
 
 /// One name per parameter, no name twice.

@@ -349,10 +349,7 @@ fn read_optimizer<T: Element, M: Parameters<T> + ?Sized>(
     let mut buffers = Vec::new();
     if !kept.is_empty() {
         for (p, n) in params.iter().zip(&names) {
-            let want = match (n.transposed, p.shape()) {
-                (true, &[r, c]) => vec![c, r],
-                (_, s) => s.to_vec(),
-            };
+            let want = super::weights::stored_shape(n, p.shape());
             let mut bufs = Vec::new();
             for b in &kept {
                 let name = format!("{}.{b}", n.name);
