@@ -127,6 +127,15 @@ pub enum Error {
     /// does not match the run that loads it (what differs, named).
     #[error("checkpoint {path}: {msg}")]
     Checkpoint { path: String, msg: String },
+    /// A collective operation across ranks failed or ran past its time
+    /// limit (which rank, which operation, and what is known of the others).
+    #[error("rank {rank} of {world}: {op}: {msg}")]
+    Collective {
+        rank: usize,
+        world: usize,
+        op: &'static str,
+        msg: String,
+    },
     /// A shadow replay file could not be written or read.
     #[error("shadow replay file {path}: {msg}")]
     Replay { path: String, msg: String },

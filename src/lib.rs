@@ -16,6 +16,7 @@ macro_rules! unit_tests {
 }
 
 pub mod device;
+pub mod dist;
 pub mod dtype;
 pub mod error;
 pub(crate) mod file;
@@ -57,5 +58,5 @@ pub use kernels::{cuda_report, kernel_table};
 pub use mask::Mask;
 pub use op::{Op, Saved, SavedItem};
 pub use shadow::{Shadow, ShadowConfig};
-pub use tape::{Gradients, NodeInfo, NodeMemory, Tape, Var};
+pub use tape::{GradReady, Gradients, NodeInfo, NodeMemory, Tape, Var};
 pub use tensor::Tensor;

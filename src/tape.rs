@@ -469,61 +469,147 @@ impl<T: Element> Tape<T> {
     }
 
     fn sweep(&self, root: usize, seed: Tensor<T>) -> Result<Gradients<T>> {
+        self.sweep_notifying(root, seed, None)
+    }
+
+    /// The reverse sweep; with `notify`, each watched leaf is announced as
+    /// soon as no node left to visit can add to its gradient.
+    fn sweep_notifying(
+        &self,
+        root: usize,
+        seed: Tensor<T>,
+        mut notify: Option<(&[Var<T>], &mut dyn GradReady<T>)>,
+    ) -> Result<Gradients<T>> {
         let nodes = self.inner.nodes.borrow();
         let mut grads: Vec<Option<Tensor<T>>> = vec![None; root + 1];
         if nodes[root].requires_grad {
             grads[root] = Some(seed);
         }
+        // due[i]: the watched leaves whose last contribution comes from node
+        // i, their first consumer (the sweep visits consumers newest first).
+        let mut due: Vec<Vec<usize>> = Vec::new();
+        let mut late = Vec::new();
+        if let Some((watch, _)) = &notify {
+            // first[j]: the oldest node that takes node j as an input.
+            let mut first = vec![usize::MAX; root + 1];
+            for (i, n) in nodes.iter().enumerate().take(root + 1) {
+                if let Kind::Op { inputs, .. } = &n.kind {
+                    for &j in inputs.iter() {
+                        first[j] = first[j].min(i);
+                    }
+                }
+            }
+            due = vec![Vec::new(); root + 1];
+            for (k, v) in watch.iter().enumerate() {
+                if !self.same(&v.tape) || !v.requires_grad {
+                    return Err(Error::NoGradient {
+                        op: "backward_notify",
+                        id: v.id,
+                    });
+                }
+                match first.get(v.id) {
+                    Some(&i) if i != usize::MAX => due[i].push(k),
+                    _ => late.push(k),
+                }
+            }
+        }
         let mut needs = Vec::new();
         for i in (0..=root).rev() {
-            let node = &nodes[i];
-            let Kind::Op { bw, inputs } = &node.kind else {
-                continue;
-            };
-            let Some(g) = grads[i].take() else { continue };
-            needs.clear();
-            needs.extend(inputs.iter().map(|&j| nodes[j].requires_grad));
-            let span = crate::profile::start();
-            let gin = bw.backward(&g, &needs)?;
-            crate::profile::stop(span, bw.name(), Phase::Backward, node.shape.len());
-            grads[i] = Some(g);
-            if gin.len() != inputs.len() {
-                return Err(Error::InvalidArgument {
-                    op: bw.name(),
-                    msg: format!(
-                        "backward returned {} gradients for {} inputs",
-                        gin.len(),
-                        inputs.len()
-                    ),
-                });
-            }
-            for ((&j, gj), &need) in inputs.iter().zip(gin).zip(needs.iter()) {
-                if !need {
-                    continue;
+            Self::visit(&nodes, i, &mut grads, &mut needs)?;
+            if let Some((watch, hook)) = &mut notify {
+                for &k in &due[i] {
+                    hook.ready(k, &leaf_grad(&grads, &watch[k])?)?;
                 }
-                // A missing gradient would silently cut the graph.
-                let Some(gj) = gj else {
-                    return Err(Error::NoBackward { op: bw.name() });
-                };
-                let rank = nodes[j].shape.len();
-                let span = crate::profile::start();
-                let gj = sum_to_shape(bw.name(), &gj, &nodes[j].shape)?;
-                crate::profile::stop(span, bw.name(), Phase::SumToShape, rank);
-                grads[j] = Some(match grads[j].take() {
-                    None => gj,
-                    Some(acc) => {
-                        let span = crate::profile::start();
-                        let sum = accumulate(acc, &gj)?;
-                        crate::profile::stop(span, "accumulate", Phase::Accumulate, rank);
-                        sum
-                    }
-                });
+                hook.tick()?;
+            }
+        }
+        if let Some((watch, hook)) = &mut notify {
+            for &k in &late {
+                hook.ready(k, &leaf_grad(&grads, &watch[k])?)?;
             }
         }
         Ok(Gradients {
             tape: self.clone(),
             grads,
         })
+    }
+
+    /// Node `i`'s backward: its inputs' gradients accumulated into `grads`.
+    fn visit(
+        nodes: &[Node<T>],
+        i: usize,
+        grads: &mut [Option<Tensor<T>>],
+        needs: &mut Vec<bool>,
+    ) -> Result<()> {
+        let node = &nodes[i];
+        let Kind::Op { bw, inputs } = &node.kind else {
+            return Ok(());
+        };
+        let Some(g) = grads[i].take() else {
+            return Ok(());
+        };
+        needs.clear();
+        needs.extend(inputs.iter().map(|&j| nodes[j].requires_grad));
+        let span = crate::profile::start();
+        let gin = bw.backward(&g, needs)?;
+        crate::profile::stop(span, bw.name(), Phase::Backward, node.shape.len());
+        grads[i] = Some(g);
+        if gin.len() != inputs.len() {
+            return Err(Error::InvalidArgument {
+                op: bw.name(),
+                msg: format!(
+                    "backward returned {} gradients for {} inputs",
+                    gin.len(),
+                    inputs.len()
+                ),
+            });
+        }
+        for ((&j, gj), &need) in inputs.iter().zip(gin).zip(needs.iter()) {
+            if !need {
+                continue;
+            }
+            // A missing gradient would silently cut the graph.
+            let Some(gj) = gj else {
+                return Err(Error::NoBackward { op: bw.name() });
+            };
+            let rank = nodes[j].shape.len();
+            let span = crate::profile::start();
+            let gj = sum_to_shape(bw.name(), &gj, &nodes[j].shape)?;
+            crate::profile::stop(span, bw.name(), Phase::SumToShape, rank);
+            grads[j] = Some(match grads[j].take() {
+                None => gj,
+                Some(acc) => {
+                    let span = crate::profile::start();
+                    let sum = accumulate(acc, &gj)?;
+                    crate::profile::stop(span, "accumulate", Phase::Accumulate, rank);
+                    sum
+                }
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Told of each watched leaf's final gradient during a reverse sweep
+/// ([`Var::backward_notify`]), e.g. to start communicating it while the
+/// sweep goes on.
+pub trait GradReady<T: Element> {
+    /// `watch[index]`'s gradient is final (zeros if the loss does not
+    /// depend on it).
+    fn ready(&mut self, index: usize, grad: &Tensor<T>) -> Result<()>;
+    /// Called after each node of the sweep: a place to drive communication
+    /// that progresses only when polled.
+    fn tick(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The gradient a sweep holds for `v`, or zeros where the loss does not
+/// depend on it.
+fn leaf_grad<T: Element>(grads: &[Option<Tensor<T>>], v: &Var<T>) -> Result<Tensor<T>> {
+    match grads.get(v.id) {
+        Some(Some(g)) => Ok(g.clone()),
+        _ => Tensor::zeros(v.shape())?.to_device(v.value.device()),
     }
 }
 
@@ -571,6 +657,26 @@ impl<T: Element> Var<T> {
         self.tape.sweep(self.id, seed)
     }
 
+    /// [`Var::backward`] that tells `hook` of each Var in `watch` as soon
+    /// as its gradient is final, in the order the sweep finishes them,
+    /// and calls [`GradReady::tick`] after every node. The gradients are
+    /// the same as [`Var::backward`]'s.
+    pub fn backward_notify(
+        &self,
+        watch: &[Var<T>],
+        hook: &mut dyn GradReady<T>,
+    ) -> Result<Gradients<T>> {
+        self.tape.check_grad("backward_notify")?;
+        if self.value.numel() != 1 {
+            return Err(Error::NonScalarLoss {
+                shape: self.shape().to_vec(),
+            });
+        }
+        let seed = crate::ops::elementwise::unary(Unary::Fill(1.0), &self.value)?;
+        self.tape
+            .sweep_notifying(self.id, seed, Some((watch, hook)))
+    }
+
     /// Reverse sweep seeded with `seed` (a cotangent of this Var's shape).
     pub fn backward_with(&self, seed: &Tensor<T>) -> Result<Gradients<T>> {
         self.tape.check_grad("backward_with")?;
@@ -613,9 +719,6 @@ impl<T: Element> Gradients<T> {
                 id: var.id,
             });
         }
-        match self.grads.get(var.id) {
-            Some(Some(g)) => Ok(g.clone()),
-            _ => Tensor::zeros(var.shape())?.to_device(var.value.device()),
-        }
+        leaf_grad(&self.grads, var)
     }
 }

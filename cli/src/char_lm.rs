@@ -4,6 +4,7 @@
 //! at full size; the tests run it small.
 
 use crate::checkpoint::Persist;
+use fusegrad::dist::{shard, Collective, DataParallel};
 use fusegrad::dtype::{Accum, Element};
 use fusegrad::error::{Error, Result};
 use fusegrad::nn::{AdamW, Gpt, GptConfig, NormImpl, Optimizer, Parameters, WarmupCosine};
@@ -110,6 +111,9 @@ impl CharData {
         (x, y)
     }
 }
+
+/// Data parallelism over whichever engine launched the process.
+pub type Dp = DataParallel<Box<dyn Collective>>;
 
 /// Settings of a training run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -286,12 +290,29 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 /// `persist` says, so that a run stopped and resumed takes exactly the
 /// steps of one that was not.
 pub fn train_persisted<T: Element>(
-    mut model: Gpt<T>,
+    model: Gpt<T>,
     data: &CharData,
     config: &CharLmConfig,
     obs: &mut dyn Observer,
     persist: &Persist,
 ) -> Result<CharLmRun<T>> {
+    train_parallel(model, data, config, obs, persist, None)
+}
+
+/// [`train_persisted`] as one rank of a data-parallel run over `dp`: each
+/// rank takes its rank-strided share of the batch of `config.batch`
+/// sequences per rank (so the world's batch is that times the world
+/// size), the gradients and losses are averaged over ranks, and only rank
+/// 0 saves checkpoints. A world of one trains exactly as `dp` = `None`.
+pub fn train_parallel<T: Element>(
+    mut model: Gpt<T>,
+    data: &CharData,
+    config: &CharLmConfig,
+    obs: &mut dyn Observer,
+    persist: &Persist,
+    mut dp: Option<&mut Dp>,
+) -> Result<CharLmRun<T>> {
+    let (rank, world) = dp.as_ref().map_or((0, 1), |d| (d.rank(), d.world()));
     let shape = *model.config();
     if shape.vocab != data.vocab() {
         return Err(Error::InvalidArgument {
@@ -304,24 +325,33 @@ pub fn train_persisted<T: Element>(
         });
     }
     let mut stepper = Stepper::new(config, &shape)?;
-    let mut state = persist.start(
-        &mut model,
-        &mut stepper.opt,
-        &checkpoint_config(data, config, &shape),
-    )?;
+    let mut settings = checkpoint_config(data, config, &shape);
+    if world > 1 {
+        // The batch stream depends on the world size.
+        settings.insert("ranks".into(), world.to_string());
+    }
+    let mut state = persist.start(&mut model, &mut stepper.opt, &settings)?;
+    if let Some(d) = dp.as_deref_mut() {
+        d.sync_params(&mut model.params_mut())?;
+    }
     stepper.rng = state.rng("batches", stepper.rng.clone());
     let (b, t) = (config.batch, shape.context);
-    // Fixed validation windows, so that every evaluation sees the same text.
+    // Fixed validation windows, so that every evaluation sees the same
+    // text; each rank takes its share of every batch.
     let mut vrng = Rng::new(config.seed ^ 0x5eed);
     let val: Vec<_> = (0..config.eval_batches)
-        .map(|_| CharData::batch(&data.val, b, t, &mut vrng))
+        .map(|_| {
+            let (x, y) = CharData::batch(&data.val, world * b, t, &mut vrng);
+            (shard(&x, t, rank, world), shard(&y, t, rank, world))
+        })
         .collect();
     let start = Instant::now();
     // The observer is passed in, not captured: the loop tells it of steps too.
     let eval = |model: &Gpt<T>,
                 step: usize,
                 obs: &mut dyn Observer,
-                state: &mut fusegrad::nn::TrainState|
+                state: &mut fusegrad::nn::TrainState,
+                dp: Option<&mut Dp>|
      -> Result<()> {
         // A resumed run does not repeat the evaluation its checkpoint ends with.
         if state.evals.last().is_some_and(|e| e.step == step) {
@@ -332,6 +362,9 @@ pub fn train_persisted<T: Element>(
             let tape = Tape::new();
             let p = model.bind_frozen(&tape);
             sum += scalar(model.loss(&p, x, y, b, t)?.value())?;
+        }
+        if let Some(d) = dp {
+            sum = d.mean(&[sum])?[0];
         }
         let e = EvalPoint {
             step,
@@ -346,10 +379,27 @@ pub fn train_persisted<T: Element>(
     let mut step = first;
     let every = config.eval_every.max(1);
     if step.is_multiple_of(every) {
-        eval(&model, step, obs, &mut state)?;
+        eval(&model, step, obs, &mut state, dp.as_deref_mut())?;
     }
-    while step < config.steps && start.elapsed() < config.time_limit {
-        let value = stepper.step(&mut model, data, step, obs.shadow(), &mut |_| {})?;
+    // Every rank must take the same number of steps: rank 0's clock decides.
+    let go_on = |step: usize, dp: Option<&mut Dp>| -> Result<bool> {
+        let mine = step < config.steps && start.elapsed() < config.time_limit;
+        match dp {
+            Some(d) if d.world() > 1 => {
+                Ok(d.mean(&[if rank == 0 && mine { 1.0 } else { 0.0 }])?[0] > 0.0)
+            }
+            _ => Ok(mine),
+        }
+    };
+    while go_on(step, dp.as_deref_mut())? {
+        let value = stepper.step_on(
+            &mut model,
+            data,
+            step,
+            obs.shadow(),
+            &mut |_| {},
+            dp.as_deref_mut(),
+        )?;
         step += 1;
         state.losses.push(value);
         state.step = step as u64;
@@ -359,20 +409,24 @@ pub fn train_persisted<T: Element>(
             step,
             steps: config.steps,
             loss: value,
-            items: step * b * t,
+            items: step * world * b * t,
             seconds: start.elapsed().as_secs_f64(),
         });
         // Evaluated before a checkpoint at the same step, so that it holds it.
         if step.is_multiple_of(every) || step == config.steps {
-            eval(&model, step, obs, &mut state)?;
+            eval(&model, step, obs, &mut state, dp.as_deref_mut())?;
         }
-        persist.step(&model, &stepper.opt, &state)?;
+        if rank == 0 {
+            persist.step(&model, &stepper.opt, &state)?;
+        }
     }
-    eval(&model, step, obs, &mut state)?;
-    persist.finish(&model, &stepper.opt, &state)?;
+    eval(&model, step, obs, &mut state, dp.as_deref_mut())?;
+    if rank == 0 {
+        persist.finish(&model, &stepper.opt, &state)?;
+    }
     let secs = start.elapsed().as_secs_f64();
     Ok(CharLmRun {
-        tokens_per_s: ((step - first) * b * t) as f64 / secs.max(1e-9),
+        tokens_per_s: ((step - first) * world * b * t) as f64 / secs.max(1e-9),
         losses: state.losses,
         evals: state.evals,
         model,
@@ -435,23 +489,56 @@ impl<T: Element> Stepper<T> {
         shadow: Option<&fusegrad::Shadow>,
         mark: &mut dyn FnMut(StepPart),
     ) -> Result<f64> {
+        self.step_on(model, data, step, shadow, mark, None)
+    }
+
+    /// [`Stepper::step`] as one rank of `dp`: the world's batch is drawn,
+    /// this rank's share trained on, and the gradients and the loss
+    /// averaged over ranks.
+    pub(crate) fn step_on(
+        &mut self,
+        model: &mut Gpt<T>,
+        data: &CharData,
+        step: usize,
+        shadow: Option<&fusegrad::Shadow>,
+        mark: &mut dyn FnMut(StepPart),
+        dp: Option<&mut Dp>,
+    ) -> Result<f64> {
         let (b, t) = (self.batch, self.context);
-        let (x, y) = CharData::batch(&data.train, b, t, &mut self.rng);
+        let (rank, world) = dp.as_ref().map_or((0, 1), |d| (d.rank(), d.world()));
+        let (x, y) = CharData::batch(&data.train, world * b, t, &mut self.rng);
+        let (x, y) = if world > 1 {
+            (shard(&x, t, rank, world), shard(&y, t, rank, world))
+        } else {
+            (x, y)
+        };
         let tape = Tape::new();
         if let Some(s) = shadow {
             s.watch(&tape, step);
         }
         let p = model.bind(&tape);
         let loss = model.loss(&p, &x, &y, b, t)?;
-        let value = scalar(loss.value())?;
+        let mut value = scalar(loss.value())?;
         mark(StepPart::Forward);
-        let swept = loss.backward()?;
-        mark(StepPart::Backward);
-        let g = p.grads(&swept)?;
-        // Every node's gradient goes now, as in a one-line
-        // `p.grads(&loss.backward()?)`: the update's peak memory is not
-        // inflated by them.
-        drop(swept);
+        let g = match dp {
+            Some(d) => {
+                // The sweep's gradients are dropped inside, as below.
+                let g = d.backward(&loss, &p)?;
+                mark(StepPart::Backward);
+                value = d.mean(&[value])?[0];
+                g
+            }
+            None => {
+                let swept = loss.backward()?;
+                mark(StepPart::Backward);
+                let g = p.grads(&swept)?;
+                // Every node's gradient goes now, as in a one-line
+                // `p.grads(&loss.backward()?)`: the update's peak memory is
+                // not inflated by them.
+                drop(swept);
+                g
+            }
+        };
         mark(StepPart::Grads);
         self.opt.set_lr(self.schedule.lr(step as u64))?;
         self.opt

@@ -396,6 +396,7 @@ fn kind(e: &Error) -> &'static str {
         Error::DeviceMismatch { .. } => "DeviceMismatch",
         Error::Weights { .. } => "Weights",
         Error::Checkpoint { .. } => "Checkpoint",
+        Error::Collective { .. } => "Collective",
         Error::Plot { .. } => "Plot",
         Error::Replay { .. } => "Replay",
         Error::ShadowMismatch { .. } => "ShadowMismatch",

@@ -2,5 +2,6 @@
 
 mod checkpoint;
 mod layers;
+mod parallel;
 mod transformer;
 mod weights;

@@ -5,16 +5,156 @@
 //! its loss plot as PNG and SVG. The command and the example call the same
 //! code, so they accept the same options.
 
+/// `println!` on rank 0 only: the other ranks of a data-parallel run
+/// print nothing.
+macro_rules! say {
+    ($($t:tt)*) => {
+        if !$crate::app::quiet() {
+            println!($($t)*)
+        }
+    };
+}
+
 pub mod shadow;
 pub mod spirals;
 pub mod transformer;
 
 use crate::checkpoint::{home_of, Persist};
 use clap::{value_parser, Arg, ArgAction, ArgMatches, Command};
+use fusegrad::dist::{launcher_world, Collective, DataParallel, Single};
 use fusegrad::error::{Error, Result};
 use fusegrad::nn::Checkpoints;
 use fusegrad::Device;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::char_lm::Dp;
+
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is a data-parallel rank other than 0.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// How a run is spread over ranks (`--data-parallel`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Parallel {
+    /// Gradient bucket size in MB (`--bucket-mb`).
+    pub bucket_mb: f64,
+    /// Time limit of each collective (`--collective-timeout`).
+    pub timeout: Duration,
+}
+
+/// `--data-parallel`, `--bucket-mb M` and `--collective-timeout S`.
+fn parallel_args() -> [Arg; 3] {
+    [
+        Arg::new("data-parallel")
+            .long("data-parallel")
+            .action(ArgAction::SetTrue)
+            .help("Train as one rank of the MPI job that launched this process (mpirun -np N ...), each rank on its share of an N times larger batch; without a launcher, a world of one"),
+        Arg::new("bucket-mb")
+            .long("bucket-mb")
+            .value_name("M")
+            .value_parser(value_parser!(f64))
+            .default_value("25")
+            .help("With --data-parallel: gradients are summed over ranks in buckets of about M MB, each as soon as its gradients are final"),
+        Arg::new("collective-timeout")
+            .long("collective-timeout")
+            .value_name("S")
+            .value_parser(value_parser!(f64))
+            .default_value("60")
+            .help("With --data-parallel: a collective that waits more than S seconds on another rank ends the run with an error naming it"),
+    ]
+}
+
+/// What `--data-parallel` and its settings ask for. Being launched as one
+/// of several ranks without `--data-parallel` is an error: each rank would
+/// train alone and write the same files.
+fn parallel_of(m: &ArgMatches) -> Result<Option<Parallel>> {
+    let on = m.get_flag("data-parallel");
+    if !on {
+        if let Some(n) = launcher_world().filter(|&n| n > 1) {
+            return Err(Error::InvalidArgument {
+                op: "--data-parallel",
+                msg: format!(
+                    "this process is one of {n} ranks of an MPI launcher; add --data-parallel \
+                     (else every rank trains alone and writes the same files)"
+                ),
+            });
+        }
+        return Ok(None);
+    }
+    let timeout: f64 = get(m, "collective-timeout", 60.0);
+    let timeout = Duration::try_from_secs_f64(timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "--collective-timeout",
+            msg: format!("{timeout} is not a time limit (want seconds > 0)"),
+        })?;
+    Ok(Some(Parallel {
+        bucket_mb: get(m, "bucket-mb", 25.0),
+        timeout,
+    }))
+}
+
+/// The data parallelism of this process: over MPI when a launcher started
+/// it (in a build with the `mpi` feature), else a world of one. Ranks
+/// other than 0 go quiet.
+pub fn engine(p: &Parallel) -> Result<Dp> {
+    let comm: Box<dyn Collective> = match launcher_world() {
+        #[cfg(feature = "mpi")]
+        Some(_) => Box::new(fusegrad_mpi::Mpi::init(p.timeout)?),
+        #[cfg(not(feature = "mpi"))]
+        Some(n) if n > 1 => {
+            return Err(Error::InvalidArgument {
+                op: "--data-parallel",
+                msg: format!(
+                    "this process is one of {n} ranks of an MPI launcher, but this fusegrad \
+                     was built without MPI: build it with `cargo build --release --features mpi` \
+                     (needs an MPI such as Debian's libopenmpi-dev)"
+                ),
+            })
+        }
+        _ => Box::new(Single::new()),
+    };
+    let dp = DataParallel::new(comm).bucket_mb(p.bucket_mb)?;
+    QUIET.store(dp.rank() != 0, Ordering::Relaxed);
+    Ok(dp)
+}
+
+/// Runs `f` on the data parallelism `p` asks for (if any); an error on
+/// any rank is printed with its rank and ends every rank.
+pub fn with_engine<R>(
+    p: Option<&Parallel>,
+    f: impl FnOnce(Option<&mut Dp>) -> Result<R>,
+) -> Result<R> {
+    let Some(p) = p else { return f(None) };
+    let mut dp = engine(p)?;
+    let r = f(Some(&mut dp));
+    match &r {
+        Err(e) if dp.world() > 1 => {
+            eprintln!("fusegrad: rank {}: {e}", dp.rank());
+            dp.comm().abort_all(1);
+        }
+        Ok(_) => {
+            let s = dp.stats();
+            let per = |d: Duration| d.as_secs_f64() * 1e3 / s.steps.max(1) as f64;
+            say!(
+                "data parallel: {} ranks, {} buckets of <= {} MB a step, {:.2} ms a step in sums during the backward, {:.2} ms waiting after it",
+                dp.world(),
+                s.buckets / s.steps.max(1),
+                p.bucket_mb,
+                per(s.overlapped),
+                per(s.waiting)
+            );
+        }
+        _ => {}
+    }
+    r
+}
 
 /// The element type a run trains in (`--dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,6 +164,8 @@ pub enum Precision {
     F32,
     /// `bf16` weights and activations; f32 moments and accumulation.
     Bf16,
+    /// `f64` throughout (for checks of exactness).
+    F64,
 }
 
 impl Precision {
@@ -32,6 +174,7 @@ impl Precision {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::F64 => "f64",
         }
     }
 }
@@ -57,7 +200,7 @@ fn state_args() -> [Arg; 5] {
         Arg::new("dtype")
             .long("dtype")
             .value_name("TYPE")
-            .value_parser(["f32", "bf16"])
+            .value_parser(["f32", "bf16", "f64"])
             .default_value("f32")
             .help("Element type of the weights and activations (the optimizer's moments stay f32)"),
         dir(
@@ -77,6 +220,7 @@ fn state_args() -> [Arg; 5] {
 fn precision_of(m: &ArgMatches) -> Precision {
     match m.get_one::<String>("dtype").map(String::as_str) {
         Some("bf16") => Precision::Bf16,
+        Some("f64") => Precision::F64,
         _ => Precision::F32,
     }
 }

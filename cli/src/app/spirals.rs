@@ -162,6 +162,7 @@ fn train(
     let r = match o.precision {
         Precision::F32 => train_spirals_persisted::<f32>(&config, obs, persist),
         Precision::Bf16 => train_spirals_persisted::<half::bf16>(&config, obs, persist),
+        Precision::F64 => train_spirals_persisted::<f64>(&config, obs, persist),
     };
     bar.finish();
     r

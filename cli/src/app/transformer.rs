@@ -6,7 +6,8 @@
 
 use super::shadow::Watching;
 use super::{common_args, device_of, get, persist_of, precision_of, state_args, Precision};
-use crate::char_lm::{new_model, sample, train_persisted, CharData, CharLmConfig, CharLmRun};
+use super::{parallel_args, parallel_of, with_engine, Parallel};
+use crate::char_lm::{new_model, sample, train_parallel, CharData, CharLmConfig, CharLmRun, Dp};
 use crate::checkpoint::Persist;
 use crate::plot::{LinePlot, Series, Style};
 use crate::progress::Bar;
@@ -46,6 +47,8 @@ pub struct Options {
     pub precision: Precision,
     /// Checkpoints of the fused run: resumed from, saved to.
     pub persist: Persist,
+    /// Data parallelism (`--data-parallel`).
+    pub parallel: Option<Parallel>,
 }
 
 impl Default for Options {
@@ -64,6 +67,7 @@ impl Default for Options {
             shadow: None,
             precision: Precision::F32,
             persist: Persist::none(),
+            parallel: None,
         }
     }
 }
@@ -121,7 +125,16 @@ pub fn command(name: &'static str) -> Command {
         .arg(path_arg("save", "Write the trained weights to FILE (safetensors)"))
         .arg(path_arg("load", "Start from the weights in FILE (safetensors) instead of fresh ones"))
         .arg(super::shadow::arg())
+        .arg(
+            Arg::new("batch")
+                .long("batch")
+                .value_name("B")
+                .value_parser(value_parser!(usize))
+                .default_value("16")
+                .help("Sequences per step (per rank with --data-parallel)"),
+        )
         .args(state_args())
+        .args(parallel_args())
         .args(common_args(
             "Train again with the composed LayerNorm and attention from the same start and print both loss curves",
         ))
@@ -151,6 +164,7 @@ impl Options {
         Ok(Options {
             config: CharLmConfig {
                 steps: get(m, "steps", d.config.steps),
+                batch: get(m, "batch", d.config.batch),
                 seed: get(m, "seed", d.config.seed),
                 time_limit,
                 ..d.config
@@ -165,6 +179,7 @@ impl Options {
             shadow: super::shadow::every_of(m),
             precision: precision_of(m),
             persist: persist_of(m)?,
+            parallel: parallel_of(m)?,
         })
     }
 }
@@ -233,8 +248,12 @@ fn train<T: Element>(
     c: &CharLmConfig,
     shadow: Option<&Shadow>,
     persist: &Persist,
+    dp: Option<&mut Dp>,
 ) -> Result<CharLmRun<T>> {
-    println!("{:>6} {:>9} {:>14}", "step", "seconds", "val bits/char");
+    if super::quiet() {
+        return train_parallel(model, data, c, &mut fusegrad::nn::Silent, persist, dp);
+    }
+    say!("{:>6} {:>9} {:>14}", "step", "seconds", "val bits/char");
     let mut bar = if o.progress {
         Bar::new(c.steps, "tok")
     } else {
@@ -246,9 +265,9 @@ fn train<T: Element>(
                 inner: &mut bar,
                 shadow,
             };
-            train_persisted(model, data, c, &mut w, persist)
+            train_parallel(model, data, c, &mut w, persist, dp)
         }
-        None => train_persisted(model, data, c, &mut bar, persist),
+        None => train_parallel(model, data, c, &mut bar, persist, dp),
     };
     bar.finish();
     run
@@ -256,10 +275,11 @@ fn train<T: Element>(
 
 /// Runs `o` in the element type it names ([`run_as`]), for the command.
 pub fn run_any(o: &Options) -> Result<()> {
-    match o.precision {
-        Precision::F32 => run_as::<f32>(o).map(|_| ()),
-        Precision::Bf16 => run_as::<half::bf16>(o).map(|_| ()),
-    }
+    with_engine(o.parallel.as_ref(), |dp| match o.precision {
+        Precision::F32 => run_on::<f32>(o, dp).map(|_| ()),
+        Precision::Bf16 => run_on::<half::bf16>(o, dp).map(|_| ()),
+        Precision::F64 => run_on::<f64>(o, dp).map(|_| ()),
+    })
 }
 
 /// [`run_as`] in f32.
@@ -270,6 +290,11 @@ pub fn run(o: &Options) -> Result<Summary> {
 /// Trains in `T`, prints the figures as plain lines, saves and plots.
 /// Errors if `o` names another element type.
 pub fn run_as<T: Element>(o: &Options) -> Result<Summary<T>> {
+    run_on(o, None)
+}
+
+/// [`run_as`] as one rank of `dp`: only rank 0 prints, plots and saves.
+pub fn run_on<T: Element>(o: &Options, mut dp: Option<&mut Dp>) -> Result<Summary<T>> {
     if o.precision.name() != T::NAME {
         return Err(Error::InvalidArgument {
             op: "train transformer",
@@ -291,7 +316,7 @@ pub fn run_as<T: Element>(o: &Options) -> Result<Summary<T>> {
     let data = CharData::new(&text, config.model.context)?;
     let m = config.model;
     let name = o.text.as_ref().map(|p| p.display().to_string());
-    println!(
+    say!(
         "text: {} ({} characters, alphabet {}), train {} / validation {}",
         name.as_deref().unwrap_or("fusegrad's own sources and docs"),
         data.train.len() + data.val.len(),
@@ -299,15 +324,15 @@ pub fn run_as<T: Element>(o: &Options) -> Result<Summary<T>> {
         data.train.len(),
         data.val.len()
     );
-    println!(
+    say!(
         "model: {} layers, {} heads, width {}, context {}; batch {}, AdamW lr {}, at most {} steps or {:.1} min, {}, {}",
         m.layers, m.heads, m.width, m.context, config.batch, config.lr, config.steps,
         config.time_limit.as_secs_f64() / 60.0, o.precision.name(), o.device
     );
     let (uni, bi) = (data.unigram_bits(), data.bigram_bits());
-    println!("unigram entropy:           {uni:.3} bits/char");
-    println!("bigram validation loss:    {bi:.3} bits/char (add-one smoothing)");
-    println!(
+    say!("unigram entropy:           {uni:.3} bits/char");
+    say!("bigram validation loss:    {bi:.3} bits/char (add-one smoothing)");
+    say!(
         "target: below {bi:.3} and below {:.3} (unigram - 1.5)",
         uni - 1.5
     );
@@ -315,19 +340,28 @@ pub fn run_as<T: Element>(o: &Options) -> Result<Summary<T>> {
     model.to_device(o.device)?;
     if let Some(f) = &o.load {
         load(&mut model, f)?;
-        println!("resumed from {}", f.display());
+        say!("resumed from {}", f.display());
     }
     let start = model.clone();
     let shadow = o
         .shadow
         .map(|e| super::shadow::shadow(e, o.plots.as_deref()));
-    let fused = train(o, &data, model, config, shadow.as_ref(), &o.persist)?;
-    if let Some(f) = &o.save {
+    let fused = train(
+        o,
+        &data,
+        model,
+        config,
+        shadow.as_ref(),
+        &o.persist,
+        dp.as_deref_mut(),
+    )?;
+    let rank0 = !super::quiet();
+    if let (Some(f), true) = (&o.save, rank0) {
         save(&fused.model, f)?;
-        println!("weights written to {} (safetensors)", f.display());
+        say!("weights written to {} (safetensors)", f.display());
     }
     let last = fused.evals.last().map_or(f64::NAN, |e| e.val_bits);
-    println!(
+    say!(
         "fused: {} steps, {:.0} tokens/s, final validation {last:.4} bits/char: {} the bigram, {:.2} bits under the unigram",
         fused.losses.len(),
         fused.tokens_per_s,
@@ -335,22 +369,22 @@ pub fn run_as<T: Element>(o: &Options) -> Result<Summary<T>> {
         uni - last
     );
     let (composed, max_rel_diff) = if o.composed {
-        let (twin, worst) = compare(o, &data, start, &fused)?;
+        let (twin, worst) = compare(o, &data, start, &fused, dp)?;
         (Some(twin), Some(worst))
     } else {
         (None, None)
     };
     let mut rng = Rng::new(config.seed + 1);
     let line = sample(&fused.model, &data, "pub fn ", 120, 0.8, &mut rng)?;
-    println!("sample: pub fn {}", line.lines().next().unwrap_or(""));
-    let mut plots = match &o.plots {
+    say!("sample: pub fn {}", line.lines().next().unwrap_or(""));
+    let mut plots = match o.plots.as_ref().filter(|_| rank0) {
         Some(dir) => plot(&fused, composed.as_ref(), uni, bi)
             .write_both(dir, "transformer_loss")?
             .to_vec(),
         None => Vec::new(),
     };
     if let [png, svg] = plots.as_slice() {
-        println!("loss plot: {} and {}", png.display(), svg.display());
+        say!("loss plot: {} and {}", png.display(), svg.display());
     }
     let title = "Transformer: fused vs composed LayerNorm while training";
     let shadow_sites = super::shadow::finish(
@@ -377,19 +411,23 @@ fn compare<T: Element>(
     data: &CharData,
     mut twin: Gpt<T>,
     fused: &CharLmRun<T>,
+    dp: Option<&mut Dp>,
 ) -> Result<(CharLmRun<T>, f64)> {
     let mut c = o.config;
     c.steps = fused.losses.len();
     c.time_limit = Duration::MAX;
-    println!(
+    say!(
         "composed LayerNorm and attention, same start, {} steps:",
         c.steps
     );
     twin.set_norm_impl(NormImpl::Composed);
-    let twin = train(o, data, twin, &c, None, &Persist::none())?;
-    println!(
+    let twin = train(o, data, twin, &c, None, &Persist::none(), dp)?;
+    say!(
         "{:>6} {:>12} {:>12} {:>10}",
-        "step", "fused", "composed", "rel diff"
+        "step",
+        "fused",
+        "composed",
+        "rel diff"
     );
     let every = (c.steps / 10).max(1);
     let mut worst = 0f64;
@@ -398,10 +436,10 @@ fn compare<T: Element>(
         // NaN is a disagreement, not a zero.
         worst = worst.max(if rel.is_nan() { f64::INFINITY } else { rel });
         if s % every == 0 || s + 1 == c.steps {
-            println!("{s:>6} {f:>12.6} {k:>12.6} {rel:>10.2e}");
+            say!("{s:>6} {f:>12.6} {k:>12.6} {rel:>10.2e}");
         }
     }
-    println!("largest relative difference of the training loss: {worst:.2e}");
+    say!("largest relative difference of the training loss: {worst:.2e}");
     Ok((twin, worst))
 }
 
