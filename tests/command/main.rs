@@ -11,6 +11,7 @@ mod broken_driver;
 mod char_lm;
 mod checkpoint;
 mod demos;
+mod distributed;
 mod gpu_kit;
 mod plot;
 mod props;
