@@ -420,7 +420,7 @@ pub fn train_parallel<T: Element>(
             persist.step(&model, &stepper.opt, &state)?;
         }
     }
-    eval(&model, step, obs, &mut state, dp.as_deref_mut())?;
+    eval(&model, step, obs, &mut state, dp)?;
     if rank == 0 {
         persist.finish(&model, &stepper.opt, &state)?;
     }

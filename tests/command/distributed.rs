@@ -379,7 +379,7 @@ mod mpi {
             .success());
         let hit = Instant::now();
         let out = loop {
-            if let Some(_) = child.try_wait().unwrap() {
+            if child.try_wait().unwrap().is_some() {
                 break child.wait_with_output().unwrap();
             }
             if hit.elapsed() > Duration::from_secs(60) {
