@@ -294,12 +294,15 @@ impl<T: Element, C: Collective> GradReady<T> for Sweep<'_, C> {
         Ok(())
     }
 
+    // Polled after every node, in flight or not: an engine may count the
+    // sweep's pace, and polling with nothing started costs nothing.
     fn tick(&mut self) -> Result<()> {
-        if !self.order.is_empty() {
-            let t = Instant::now();
-            self.comm.progress()?;
-            self.busy += t.elapsed();
+        if self.order.is_empty() {
+            return self.comm.progress();
         }
+        let t = Instant::now();
+        self.comm.progress()?;
+        self.busy += t.elapsed();
         Ok(())
     }
 }
