@@ -9,7 +9,9 @@
 //! - [`train_regression`]: fit a smooth function of 4 inputs with an MLP
 //!   using RMSNorm, mean squared error, Adam.
 
+use crate::char_lm::Dp;
 use crate::checkpoint::Persist;
+use fusegrad::dist::shard;
 use fusegrad::dtype::Element;
 use fusegrad::error::{Error, Result};
 use fusegrad::nn::{
@@ -229,6 +231,20 @@ pub fn train_spirals_persisted<T: Element>(
     obs: &mut dyn Observer,
     persist: &Persist,
 ) -> Result<TrainReport> {
+    train_spirals_parallel::<T>(config, obs, persist, None)
+}
+
+/// [`train_spirals_persisted`] as one rank of `dp`: each rank takes its
+/// rank-strided share of the points, its loss weighted by its share's size
+/// so that the averaged gradient is the full batch's whatever the world
+/// size; only rank 0 saves. A world of one trains exactly as `dp` = `None`.
+pub fn train_spirals_parallel<T: Element>(
+    config: &SpiralConfig,
+    obs: &mut dyn Observer,
+    persist: &Persist,
+    mut dp: Option<&mut Dp>,
+) -> Result<TrainReport> {
+    let (rank, world) = dp.as_ref().map_or((0, 1), |d| (d.rank(), d.world()));
     let train = spirals::<T>(config.classes, config.per_class, config.noise, config.seed)?;
     let test = spirals::<T>(
         config.classes,
@@ -241,20 +257,48 @@ pub fn train_spirals_persisted<T: Element>(
         lr: config.lr,
         ..AdamConfig::default()
     })?;
-    let mut state = persist.start(&mut model, &mut opt, &spirals_checkpoint_config(config))?;
-    let start = Instant::now();
+    let mut settings = spirals_checkpoint_config(config);
+    if world > 1 {
+        // Each rank's sum runs in another order than one process's.
+        settings.insert("ranks".into(), world.to_string());
+    }
+    let mut state = persist.start(&mut model, &mut opt, &settings)?;
+    if let Some(d) = dp.as_deref_mut() {
+        d.sync_params(&mut model.params_mut())?;
+    }
     let n = train.labels.len();
+    let mine = if world > 1 {
+        let features = train.x.shape()[1];
+        let labels = shard(&train.labels, 1, rank, world);
+        let x = shard(&train.x.to_vec()?, features, rank, world);
+        let x = Tensor::from_vec(vec![labels.len(), features], x)?.to_device(train.x.device())?;
+        Classification { x, labels }
+    } else {
+        train.clone()
+    };
+    // Mean over the shard times this: the world's average is the full mean.
+    let weight = (mine.labels.len() * world) as f64 / n.max(1) as f64;
+    let start = Instant::now();
     for step in state.step as usize + 1..=config.steps {
         let tape = Tape::new();
         if let Some(s) = obs.shadow() {
             s.watch(&tape, step);
         }
         let p = model.bind(&tape);
-        let logits = model.forward(&p, &tape.constant(train.x.clone()))?;
-        let loss = ops::cross_entropy(&logits, &train.labels)?;
-        let value = scalar(loss.value())?;
-        let grads = loss.backward()?;
-        opt.step(&mut model, &p, &grads)?;
+        let logits = model.forward(&p, &tape.constant(mine.x.clone()))?;
+        let mut loss = ops::cross_entropy(&logits, &mine.labels)?;
+        if weight != 1.0 {
+            loss = ops::scalar_mul(&loss, weight)?;
+        }
+        let mut value = scalar(loss.value())?;
+        match dp.as_deref_mut() {
+            Some(d) => {
+                let grads = d.backward(&loss, &p)?;
+                value = d.mean(&[value])?[0];
+                opt.update(&mut model.params_mut(), &grads)?;
+            }
+            None => opt.step(&mut model, &p, &loss.backward()?)?,
+        }
         state.losses.push(value);
         state.step = step as u64;
         state.data_position = (step * n) as u64;
@@ -265,9 +309,13 @@ pub fn train_spirals_persisted<T: Element>(
             items: step * n,
             seconds: start.elapsed().as_secs_f64(),
         });
-        persist.step(&model, &opt, &state)?;
+        if rank == 0 {
+            persist.step(&model, &opt, &state)?;
+        }
     }
-    persist.finish(&model, &opt, &state)?;
+    if rank == 0 {
+        persist.finish(&model, &opt, &state)?;
+    }
     let losses = state.losses;
     let seconds = start.elapsed().as_secs_f64();
     let final_logits = model.predict(&train.x)?;

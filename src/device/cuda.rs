@@ -123,11 +123,17 @@ fn driver_present() -> Result<()> {
     }
 }
 
-fn make(ordinal: usize) -> Result<Gpu> {
+/// The number of GPUs the driver reports.
+pub(crate) fn count() -> Result<usize> {
     driver_present()?;
     let n = guarded("cuDeviceGetCount", CudaContext::device_count)?
         .map_err(|e| unavailable(format!("the CUDA driver could not count devices: {e}")))?;
-    if ordinal >= n.max(0) as usize {
+    Ok(n.max(0) as usize)
+}
+
+fn make(ordinal: usize) -> Result<Gpu> {
+    let n = count()?;
+    if ordinal >= n {
         return Err(unavailable(format!(
             "cuda:{ordinal} requested, but the driver reports {n} device(s)"
         )));

@@ -59,6 +59,17 @@ impl Device {
         }
     }
 
+    /// How many CUDA GPUs this machine has; an error says why none can be
+    /// used (no driver, or a build without the CUDA backend).
+    pub fn cuda_count() -> Result<usize> {
+        #[cfg(feature = "cuda")]
+        return cuda::count();
+        #[cfg(not(feature = "cuda"))]
+        Err(crate::error::Error::CudaUnavailable {
+            reason: "this build has no CUDA backend (built without the `cuda` feature)".into(),
+        })
+    }
+
     /// Whether a first CUDA GPU can be used, and if not, why (for reports).
     /// Needs no NVRTC: kernels come from the cache until one is missing.
     pub fn cuda_status() -> std::result::Result<String, String> {

@@ -79,7 +79,7 @@ pub(crate) struct SearchEnv {
 }
 
 impl SearchEnv {
-    fn of_process() -> Self {
+    pub(crate) fn of_process() -> Self {
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         let mut dev_roots = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR"))];
         dev_roots.extend(std::env::current_dir().ok());

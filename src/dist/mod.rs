@@ -9,11 +9,16 @@
 //! same update and the parameters stay equal bit for bit.
 //!
 //! [`Single`] is the world of one process and needs nothing. The MPI
-//! engine is the `fusegrad-mpi` crate, so that turning it on rebuilds
-//! only that crate and the library stays one build.
+//! engine is the `fusegrad-mpi` crate, which keeps the library free of
+//! MPI. `Nccl` (with the CUDA backend) sums on the GPUs, bootstrapped over
+//! another engine; NCCL is loaded at run time.
 
+#[cfg(feature = "cuda")]
+mod nccl;
 mod parallel;
 
+#[cfg(feature = "cuda")]
+pub use nccl::{nccl_version, Nccl};
 pub use parallel::{CommStats, DataParallel};
 
 use crate::error::{Error, Result};

@@ -1,4 +1,4 @@
-//! `fusegrad train transformer --data-parallel`: without a launcher it is
+//! `fusegrad train transformer|spirals --data-parallel`: without a launcher it is
 //! a world of one and trains exactly as a plain run; under a launcher it
 //! needs the `mpi` build and `--data-parallel`. With a `fusegrad` built
 //! with the `mpi` feature named by `FUSEGRAD_MPI_EXE` (its own step in
@@ -93,6 +93,46 @@ fn data_parallel_without_a_launcher_trains_exactly_as_a_plain_run() {
             "{f}"
         );
     }
+    assert_eq!(losses(&ca), losses(&cb));
+}
+
+/// A spirals run checkpointed into `work/ck`.
+fn spiral_args(work: &Path, steps: usize, more: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = ["train", "spirals", "--steps", &steps.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for (k, v) in [
+        ("--plots", work.join("plots")),
+        ("--checkpoint", work.join("ck")),
+    ] {
+        a.extend([k.to_string(), v.display().to_string()]);
+    }
+    a.extend(more.iter().map(|s| s.to_string()));
+    a
+}
+
+#[test]
+fn spirals_with_data_parallel_and_no_launcher_train_exactly_as_a_plain_run() {
+    let (a, b) = (tmp("spirals-plain"), tmp("spirals-world1"));
+    let (ok, out, err) = output(Command::new(exe()).args(spiral_args(&a, 15, &[])));
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = output(Command::new(exe()).args(spiral_args(
+        &b,
+        15,
+        &["--data-parallel", "--bucket-mb", "0.001"],
+    )));
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("data parallel: 1 ranks"), "{out}");
+    let (ca, cb) = (last_checkpoint(&a), last_checkpoint(&b));
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        assert_eq!(
+            std::fs::read(ca.join(f)).unwrap(),
+            std::fs::read(cb.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert_eq!(losses(&ca).len(), 15);
     assert_eq!(losses(&ca), losses(&cb));
 }
 
@@ -315,6 +355,43 @@ mod mpi {
             );
         }
         assert_eq!(losses(&two), losses(&c));
+    }
+
+    /// Spirals is one full batch: its points shared out over 2 ranks
+    /// (150 each) or 7 (42 or 43: each rank's loss is weighted by its
+    /// share) train as one process does, to f64 rounding.
+    #[test]
+    fn spirals_on_2_and_7_ranks_follow_one_process_in_f64() {
+        if mpi_exe().is_none() {
+            return;
+        }
+        let one = tmp("spirals-one");
+        let (ok, out, err) =
+            output(Command::new(exe()).args(spiral_args(&one, 30, &["--dtype", "f64"])));
+        assert!(ok, "{out}{err}");
+        let one = last_checkpoint(&one);
+        for n in [2, 7] {
+            let w = tmp(&format!("spirals-{n}"));
+            let (ok, out, err) = output(&mut mpirun(
+                n,
+                &[],
+                &spiral_args(&w, 30, &["--dtype", "f64", "--data-parallel"]),
+            ));
+            assert!(ok, "{out}{err}");
+            assert_eq!(out.matches("fused:").count(), 1, "{out}");
+            assert!(out.contains(&format!("data parallel: {n} ranks")), "{out}");
+            let many = last_checkpoint(&w);
+            let rel = worst(&losses(&one), &losses(&many));
+            assert!(rel < 1e-12, "{n} ranks, losses: {rel:e}");
+            let all = |c: &Path| -> Vec<f64> {
+                tensors(&c.join("model.safetensors"))
+                    .into_iter()
+                    .flat_map(|(_, v)| v)
+                    .collect()
+            };
+            let rel = norm_rel(&all(&many), &all(&one));
+            assert!(rel < 1e-12, "{n} ranks, the parameters: {rel:e}");
+        }
     }
 
     /// The pid of rank `rank`, a child of the launcher `launcher`.

@@ -9,4 +9,5 @@ mod backend;
 mod bench;
 mod cache;
 mod kernels;
+mod nccl;
 mod norms;

@@ -48,6 +48,11 @@ pub fn gpu() -> Option<Device> {
     }
 }
 
+/// Whether the CUDA tests run on the emulation (after [`gpu`] said yes).
+pub fn emulated() -> bool {
+    matches!(use_emulation_if_no_driver(), Ok(true))
+}
+
 /// Prints why the test does not run and returns `None`; under
 /// `FUSEGRAD_REQUIRE_GPU=1` fails the test instead.
 fn skip(why: &str) -> Option<Device> {

@@ -100,10 +100,12 @@ fn parallel_of(m: &ArgMatches) -> Result<Option<Parallel>> {
     }))
 }
 
-/// The data parallelism of this process: over MPI when a launcher started
-/// it (in a build with the `mpi` feature), else a world of one. Ranks
-/// other than 0 go quiet.
-pub fn engine(p: &Parallel) -> Result<Dp> {
+/// The data parallelism of this process and the device it trains on:
+/// over MPI when a launcher started it (in a build with the `mpi`
+/// feature), else a world of one. Ranks asked to train on CUDA take GPU
+/// `rank % count` and sum over NCCL, bootstrapped over MPI. Ranks other
+/// than 0 go quiet.
+pub fn engine(p: &Parallel, device: Device) -> Result<(Dp, Device)> {
     let comm: Box<dyn Collective> = match launcher_world() {
         #[cfg(feature = "mpi")]
         Some(_) => Box::new(fusegrad_mpi::Mpi::init(p.timeout)?),
@@ -120,20 +122,33 @@ pub fn engine(p: &Parallel) -> Result<Dp> {
         }
         _ => Box::new(Single::new()),
     };
+    let (comm, device) = match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) if comm.world() > 1 => {
+            let gpu = Device::Cuda(comm.rank() % Device::cuda_count()?.max(1));
+            let nccl = fusegrad::dist::Nccl::over(comm, gpu, p.timeout)?;
+            (Box::new(nccl) as Box<dyn Collective>, gpu)
+        }
+        d => (comm, d),
+    };
     let dp = DataParallel::new(comm).bucket_mb(p.bucket_mb)?;
     QUIET.store(dp.rank() != 0, Ordering::Relaxed);
-    Ok(dp)
+    Ok((dp, device))
 }
 
-/// Runs `f` on the data parallelism `p` asks for (if any); an error on
-/// any rank is printed with its rank and ends every rank.
+/// Runs `f` on the data parallelism `p` asks for (if any) and this rank's
+/// device (`device`, or with CUDA its GPU of the node); an error on any
+/// rank is printed with its rank and ends every rank.
 pub fn with_engine<R>(
     p: Option<&Parallel>,
-    f: impl FnOnce(Option<&mut Dp>) -> Result<R>,
+    device: Device,
+    f: impl FnOnce(Option<&mut Dp>, Device) -> Result<R>,
 ) -> Result<R> {
-    let Some(p) = p else { return f(None) };
-    let mut dp = engine(p)?;
-    let r = f(Some(&mut dp));
+    let Some(p) = p else {
+        return f(None, device);
+    };
+    let (mut dp, device) = engine(p, device)?;
+    let r = f(Some(&mut dp), device);
     match &r {
         Err(e) if dp.world() > 1 => {
             eprintln!("fusegrad: rank {}: {e}", dp.rank());

@@ -3,8 +3,10 @@
 
 use super::shadow::Watching;
 use super::{common_args, device_of, get, persist_of, precision_of, state_args, Precision};
+use super::{parallel_args, parallel_of, with_engine, Parallel};
+use crate::char_lm::Dp;
 use crate::checkpoint::Persist;
-use crate::demo::{train_spirals_persisted, Agreement, SpiralConfig, TrainReport};
+use crate::demo::{train_spirals_parallel, Agreement, SpiralConfig, TrainReport};
 use crate::plot::{LinePlot, Series, Style};
 use crate::progress::Bar;
 use clap::{value_parser, Arg, ArgMatches, Command};
@@ -35,6 +37,9 @@ pub struct Options {
     pub precision: Precision,
     /// Checkpoints of the fused run: resumed from, saved to.
     pub persist: Persist,
+    /// Data parallelism (`--data-parallel`): the points are shared out
+    /// over the ranks.
+    pub parallel: Option<Parallel>,
 }
 
 impl Default for Options {
@@ -49,6 +54,7 @@ impl Default for Options {
             shadow: None,
             precision: Precision::F32,
             persist: Persist::none(),
+            parallel: None,
         }
     }
 }
@@ -95,6 +101,7 @@ pub fn command(name: &'static str) -> Command {
         ))
         .arg(super::shadow::arg())
         .args(state_args())
+        .args(parallel_args())
 }
 
 impl Options {
@@ -116,6 +123,7 @@ impl Options {
             shadow: super::shadow::every_of(m),
             precision: precision_of(m),
             persist: persist_of(m)?,
+            parallel: parallel_of(m)?,
         })
     }
 }
@@ -138,12 +146,13 @@ fn train(
     imp: NormImpl,
     shadow: Option<&Shadow>,
     persist: &Persist,
+    dp: Option<&mut Dp>,
 ) -> Result<TrainReport> {
     let config = SpiralConfig {
         norm_impl: imp,
         ..o.config
     };
-    let mut bar = if o.progress {
+    let mut bar = if o.progress && !super::quiet() {
         Bar::new(config.steps, "samples")
     } else {
         Bar::quiet("samples")
@@ -160,9 +169,9 @@ fn train(
         None => &mut bar,
     };
     let r = match o.precision {
-        Precision::F32 => train_spirals_persisted::<f32>(&config, obs, persist),
-        Precision::Bf16 => train_spirals_persisted::<half::bf16>(&config, obs, persist),
-        Precision::F64 => train_spirals_persisted::<f64>(&config, obs, persist),
+        Precision::F32 => train_spirals_parallel::<f32>(&config, obs, persist, dp),
+        Precision::Bf16 => train_spirals_parallel::<half::bf16>(&config, obs, persist, dp),
+        Precision::F64 => train_spirals_parallel::<f64>(&config, obs, persist, dp),
     };
     bar.finish();
     r
@@ -183,26 +192,48 @@ fn line(name: &str, r: &TrainReport, n: usize) -> String {
     )
 }
 
-/// Trains, prints the figures as plain lines and writes the plot.
+/// Trains, prints the figures as plain lines and writes the plot; with
+/// `--data-parallel`, as one rank of the launcher's world (only rank 0
+/// prints and writes).
 pub fn run(o: &Options) -> Result<Summary> {
+    with_engine(o.parallel.as_ref(), o.device, |dp, device| {
+        run_on(
+            &Options {
+                device,
+                ..o.clone()
+            },
+            dp,
+        )
+    })
+}
+
+fn run_on(o: &Options, mut dp: Option<&mut Dp>) -> Result<Summary> {
     let c = &o.config;
-    println!(
+    say!(
         "spirals: {} classes x {} points, noise {}; MLP 2 -> {h} -> LN -> GELU -> {h} -> LN -> GELU -> {}; Adam lr {}, {} steps, {}, {}",
         c.classes, c.per_class, c.noise, c.classes, c.lr, c.steps, o.precision.name(), o.device, h = c.hidden
     );
     let n = c.classes * c.per_class;
-    let shadow = o
-        .shadow
-        .map(|e| super::shadow::shadow(e, o.plots.as_deref()));
-    let fused = train(o, NormImpl::Fused, shadow.as_ref(), &o.persist)?;
-    println!("{}", line("fused:", &fused, n));
+    // Only rank 0 writes files.
+    let dir = o.plots.as_deref().filter(|_| !super::quiet());
+    let shadow = o.shadow.map(|e| super::shadow::shadow(e, dir));
+    let fused = train(
+        o,
+        NormImpl::Fused,
+        shadow.as_ref(),
+        &o.persist,
+        dp.as_deref_mut(),
+    )?;
+    say!("{}", line("fused:", &fused, n));
     let agreement = if o.composed {
-        let twin = train(o, NormImpl::Composed, None, &Persist::none())?;
-        println!("{}", line("composed:", &twin, n));
+        let twin = train(o, NormImpl::Composed, None, &Persist::none(), dp)?;
+        say!("{}", line("composed:", &twin, n));
         let a = Agreement::of(fused.clone(), twin);
-        println!(
+        say!(
             "fused vs composed over {} steps: max |loss diff| {:.2e}, max relative {:.2e}",
-            c.steps, a.max_abs_diff, a.max_rel_diff
+            c.steps,
+            a.max_abs_diff,
+            a.max_rel_diff
         );
         Some(a)
     } else {
@@ -230,21 +261,16 @@ pub fn run(o: &Options) -> Result<Summary> {
         log_y: true,
         series,
     };
-    let mut plots = match &o.plots {
+    let mut plots = match dir {
         Some(dir) => plot.write_both(dir, "spirals_loss")?.to_vec(),
         None => Vec::new(),
     };
     if let [png, svg] = plots.as_slice() {
-        println!("loss plot: {} and {}", png.display(), svg.display());
+        say!("loss plot: {} and {}", png.display(), svg.display());
     }
     let title = "Spirals MLP: fused vs composed LayerNorm while training";
-    let shadow_sites = super::shadow::finish(
-        shadow.as_ref(),
-        o.plots.as_deref(),
-        "spirals_shadow",
-        title,
-        &mut plots,
-    )?;
+    let shadow_sites =
+        super::shadow::finish(shadow.as_ref(), dir, "spirals_shadow", title, &mut plots)?;
     Ok(Summary {
         shadow: shadow_sites,
         fused,

@@ -275,10 +275,16 @@ fn train<T: Element>(
 
 /// Runs `o` in the element type it names ([`run_as`]), for the command.
 pub fn run_any(o: &Options) -> Result<()> {
-    with_engine(o.parallel.as_ref(), |dp| match o.precision {
-        Precision::F32 => run_on::<f32>(o, dp).map(|_| ()),
-        Precision::Bf16 => run_on::<half::bf16>(o, dp).map(|_| ()),
-        Precision::F64 => run_on::<f64>(o, dp).map(|_| ()),
+    with_engine(o.parallel.as_ref(), o.device, |dp, device| {
+        let o = &Options {
+            device,
+            ..o.clone()
+        };
+        match o.precision {
+            Precision::F32 => run_on::<f32>(o, dp).map(|_| ()),
+            Precision::Bf16 => run_on::<half::bf16>(o, dp).map(|_| ()),
+            Precision::F64 => run_on::<f64>(o, dp).map(|_| ()),
+        }
     })
 }
 
