@@ -65,6 +65,19 @@ fn last_checkpoint(work: &Path) -> PathBuf {
     steps.pop().expect("no checkpoint")
 }
 
+/// The two checkpoints hold the same weights, optimizer state and losses,
+/// byte for byte.
+fn assert_same_state(a: &Path, b: &Path) {
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        assert_eq!(
+            std::fs::read(a.join(f)).unwrap(),
+            std::fs::read(b.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert_eq!(losses(a), losses(b));
+}
+
 fn losses(ck: &Path) -> Vec<f64> {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(ck.join("state.json")).unwrap()).unwrap();
@@ -86,14 +99,7 @@ fn data_parallel_without_a_launcher_trains_exactly_as_a_plain_run() {
     assert!(ok, "{out}{err}");
     assert!(out.contains("data parallel: 1 ranks"), "{out}");
     let (ca, cb) = (last_checkpoint(&a), last_checkpoint(&b));
-    for f in ["model.safetensors", "optimizer.safetensors"] {
-        assert_eq!(
-            std::fs::read(ca.join(f)).unwrap(),
-            std::fs::read(cb.join(f)).unwrap(),
-            "{f}"
-        );
-    }
-    assert_eq!(losses(&ca), losses(&cb));
+    assert_same_state(&ca, &cb);
 }
 
 /// A spirals run checkpointed into `work/ck`.
@@ -125,15 +131,8 @@ fn spirals_with_data_parallel_and_no_launcher_train_exactly_as_a_plain_run() {
     assert!(ok, "{out}{err}");
     assert!(out.contains("data parallel: 1 ranks"), "{out}");
     let (ca, cb) = (last_checkpoint(&a), last_checkpoint(&b));
-    for f in ["model.safetensors", "optimizer.safetensors"] {
-        assert_eq!(
-            std::fs::read(ca.join(f)).unwrap(),
-            std::fs::read(cb.join(f)).unwrap(),
-            "{f}"
-        );
-    }
+    assert_same_state(&ca, &cb);
     assert_eq!(losses(&ca).len(), 15);
-    assert_eq!(losses(&ca), losses(&cb));
 }
 
 #[test]
@@ -346,15 +345,7 @@ mod mpi {
             ),
         ));
         assert!(ok, "{out}{err}");
-        let c = last_checkpoint(&again);
-        for f in ["model.safetensors", "optimizer.safetensors"] {
-            assert_eq!(
-                std::fs::read(two.join(f)).unwrap(),
-                std::fs::read(c.join(f)).unwrap(),
-                "{f}"
-            );
-        }
-        assert_eq!(losses(&two), losses(&c));
+        assert_same_state(&two, &last_checkpoint(&again));
     }
 
     /// Spirals is one full batch: its points shared out over 2 ranks
